@@ -1,0 +1,108 @@
+// AttentionSpec: what to compute. Mirrors proto/attnserve/v1 AttentionSpec one to one; the math of
+// every kind is written down in docs/DESIGN.md ("The math").
+#ifndef ATTNSERVE_CORE_SPEC_ATTENTION_SPEC_H_
+#define ATTNSERVE_CORE_SPEC_ATTENTION_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/tensor/tensor.h"
+
+namespace attnserve {
+
+struct DenseSpec {};
+// |i - j| <= size (with causal: 0 <= i - j <= size). size >= 0.
+struct WindowSpec {
+  int64_t size = 0;
+};
+// LongNet dilated attention: branch k has segment length segment_lengths[k] and dilation rate
+// dilation_rates[k]; branches combine by their softmax denominators.
+struct DilatedSpec {
+  std::vector<int64_t> segment_lengths;
+  std::vector<int64_t> dilation_rates;
+};
+
+// Block-sparse generators (i = query block, j = key block, nb = number of blocks).
+struct LocalWindowGen {  // |i - j| <= width
+  int64_t width = 0;
+};
+struct DilatedSparseGen {  // j == i or |i - j| in rates
+  std::vector<int64_t> rates;
+};
+struct GlobalLocalGen {  // i < global_blocks or j < global_blocks or |i - j| <= width
+  int64_t global_blocks = 0;
+  int64_t width = 0;
+};
+struct StridedGen {  // |i - j| <= width or (i - j) mod stride == 0
+  int64_t stride = 1;
+  int64_t width = 0;
+};
+struct RandomGen {  // the diagonal plus round(keep * nb) distinct other blocks per row, seeded
+  double keep = 0.0;
+  uint64_t seed = 0;
+};
+struct CsrGen {  // the caller's layout: row_ptr has nb + 1 entries, col_idx sorted per row
+  std::vector<int64_t> row_ptr;
+  std::vector<int64_t> col_idx;
+};
+using BlockGenerator =
+    std::variant<LocalWindowGen, DilatedSparseGen, GlobalLocalGen, StridedGen, RandomGen, CsrGen>;
+
+struct BlockSparseSpec {
+  int32_t block_size = 128;  // 64 or 128
+  BlockGenerator generator;
+};
+
+using AttentionPattern = std::variant<DenseSpec, WindowSpec, DilatedSpec, BlockSparseSpec>;
+
+struct AttentionSpec {
+  AttentionPattern pattern = DenseSpec{};
+  // Key position <= query position, on global positions, on top of the pattern.
+  bool causal = false;
+  // Softmax scale; 0 means 1 / sqrt(head_dim).
+  float scale = 0.f;
+};
+
+// The scale actually applied.
+float EffectiveScale(const AttentionSpec& spec, int64_t head_dim);
+
+// "dense", "window", "dilated", "block_sparse".
+std::string_view PatternName(const AttentionPattern& p);
+// "local_window", "dilated_sparse", "global_local", "strided", "random", "csr".
+std::string_view GeneratorName(const BlockGenerator& g);
+
+// Supported head dims and block sizes (backends may support more; Describe reports these).
+inline constexpr int32_t kSupportedBlockSizes[] = {64, 128};
+inline constexpr int64_t kMaxHeadDim = 256;
+// Each dilated branch costs O(tokens) of gather plan and a full attention pass, so the branch
+// count is bounded to keep a request's memory and work proportional to its size.
+inline constexpr int64_t kMaxDilatedBranches = 64;
+
+// Checks the shape on its own: every dim >= 1, q_heads a multiple of kv_heads, head_dim <=
+// kMaxHeadDim. INVALID_ARGUMENT naming the field ("shape.q_heads") and the rule.
+absl::Status ValidateShape(const AttentionShape& shape);
+
+// Checks the spec against the shape. Returns INVALID_ARGUMENT whose message names the field in
+// the proto's spelling (e.g. "spec.dilated.dilation_rates[1]") and the rule it breaks.
+absl::Status ValidateSpec(const AttentionSpec& spec, const AttentionShape& shape);
+
+// The part of ValidateSpec that depends only on the sequence length (everything but the shape
+// itself): the pattern compiler re-runs it, so a spec that skipped validation cannot make it
+// divide by zero, index out of range or loop forever. Errors name "shape.tokens" for seq_len.
+absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len);
+
+// Number of blocks covering n tokens with block size b (the last may be short).
+inline int64_t NumBlocks(int64_t n, int64_t b) { return (n + b - 1) / b; }
+
+// The random generator's choice for one query block row: round(keep * nb) distinct key blocks
+// other than `row` (all of them when that count reaches nb - 1), ascending, from a generator seeded
+// by (seed, row) alone, so any row can be produced on its own. The diagonal is NOT included.
+// Shared by the pattern compiler and the reference so both see the same blocks.
+std::vector<int64_t> RandomRowBlocks(int64_t row, int64_t num_blocks, double keep, uint64_t seed);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_SPEC_ATTENTION_SPEC_H_

@@ -1,0 +1,69 @@
+// spec + sequence length -> BlockLayout (and, for dilated specs, the gather plans per branch).
+#ifndef ATTNSERVE_CORE_SPEC_PATTERN_COMPILER_H_
+#define ATTNSERVE_CORE_SPEC_PATTERN_COMPILER_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/spec/attention_spec.h"
+#include "core/spec/block_layout.h"
+
+namespace attnserve {
+
+struct CompileOptions {
+  // Block size used for dense, window and dilated patterns (block_sparse carries its own).
+  int32_t block_size = 128;
+  // When set, compiling a layout with more kept blocks than this fails with RESOURCE_EXHAUSTED
+  // (checked while building, before the excess is allocated). Dense-like specs keep O(blocks^2)
+  // blocks by nature; servers set this from their memory budget.
+  std::optional<int64_t> max_kept_blocks;
+};
+
+// One dilated branch for one head offset o = h mod rate: the positions it gathers, cut into
+// segments. A query at positions[s] (in segment t) attends to the keys positions[seg_start[t] ..
+// seg_start[t+1]) (and only to those at or before it when causal). Positions ascend.
+struct DilatedGroup {
+  int64_t offset = 0;
+  std::vector<int64_t> positions;  // gathered global positions, ascending
+  std::vector<int64_t> seg_start;  // segments + 1 entries into positions
+};
+
+struct DilatedBranch {
+  int64_t segment_length = 0;
+  int64_t rate = 0;
+  // groups[o] for o in [0, min(rate, q_heads)): head h uses groups[h % rate]. Offsets no head uses
+  // are not built. Each group holds at most N positions, so a branch is O(N * min(rate, heads)).
+  std::vector<DilatedGroup> groups;
+};
+
+struct DilatedPlan {
+  std::vector<DilatedBranch> branches;
+  int64_t MemoryBytes() const;
+};
+
+// A compiled spec. For dense/window/block_sparse `layout` is the whole computation. For dilated,
+// `layout` is the layout of ONE segment of the longest gathered length (dense, causal-diagonal
+// when causal), used per segment; `dilated` lists the branches.
+struct CompiledPattern {
+  BlockLayout layout;
+  std::optional<DilatedPlan> dilated;
+};
+
+// Compiles a validated spec for sequence length `seq_len` and `q_heads` heads. The spec must have
+// passed ValidateSpec (compile re-checks only what it needs for memory safety and returns
+// INVALID_ARGUMENT otherwise). Time and memory are O(num_blocks + kept blocks).
+absl::StatusOr<CompiledPattern> CompilePattern(const AttentionSpec& spec, int64_t seq_len,
+                                               int64_t q_heads, const CompileOptions& options = {});
+
+// Compiles just the block layout of a non-dilated spec (dense, window, block_sparse).
+absl::StatusOr<BlockLayout> CompileBlockLayout(const AttentionSpec& spec, int64_t seq_len,
+                                               const CompileOptions& options = {});
+
+// Dense (causal when `causal`) layout over n tokens at block size b.
+BlockLayout DenseLayout(int64_t n, int32_t block_size, bool causal);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_SPEC_PATTERN_COMPILER_H_

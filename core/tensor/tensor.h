@@ -1,0 +1,106 @@
+// Host tensors: a dtype, a shape and an owned, 64-byte aligned, row-major buffer.
+#ifndef ATTNSERVE_CORE_TENSOR_TENSOR_H_
+#define ATTNSERVE_CORE_TENSOR_TENSOR_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/tensor/dtype.h"
+
+namespace attnserve {
+
+// Counts the bytes held by the buffers charged to it. Thread-safe. The CPU backend's "device
+// memory" metrics read one of these per CPU device.
+class MemoryTracker {
+ public:
+  void Allocate(int64_t bytes);
+  void Free(int64_t bytes);
+  int64_t in_use_bytes() const { return in_use_.load(std::memory_order_relaxed); }
+  int64_t peak_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  // Starts a new peak window at the current usage.
+  void ResetPeak();
+
+ private:
+  std::atomic<int64_t> in_use_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+// [B, N, H, D] in the names used throughout: batch, tokens, heads, head dim.
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t tokens = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Alignment of every HostTensor buffer: a cache line, and the widest SIMD load (AVX-512).
+inline constexpr size_t kHostTensorAlignment = 64;
+
+// A dense, row-major host tensor. Move-only. The buffer is 64-byte aligned and, if a tracker was
+// given, charged to it for the tensor's lifetime (the tracker must outlive the tensor).
+class HostTensor {
+ public:
+  HostTensor() = default;
+  // INVALID_ARGUMENT for negative dims; RESOURCE_EXHAUSTED when the size overflows or the
+  // allocation fails. Contents are uninitialised.
+  static absl::StatusOr<HostTensor> Create(DType dtype, std::vector<int64_t> dims,
+                                           MemoryTracker* tracker = nullptr);
+  HostTensor(HostTensor&& other) noexcept;
+  HostTensor& operator=(HostTensor&& other) noexcept;
+  HostTensor(const HostTensor&) = delete;
+  HostTensor& operator=(const HostTensor&) = delete;
+  ~HostTensor();
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int64_t dim(int i) const { return dims_[i]; }
+  int rank() const { return static_cast<int>(dims_.size()); }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * DTypeSize(dtype_); }
+  bool empty() const { return data_ == nullptr; }
+
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+  template <typename T>
+  T* data_as() { return reinterpret_cast<T*>(data_.get()); }
+  template <typename T>
+  const T* data_as() const { return reinterpret_cast<const T*>(data_.get()); }
+
+  // Element access by flat index, converting through float (exact for every dtype on load).
+  float GetFloat(int64_t i) const;
+  void SetFloat(int64_t i, float value);  // rounds to dtype
+
+  // Writes all elements as float32 into out[0, numel).
+  void ToFloat32(float* out) const;
+  // Sets all elements from float32 (rounding to dtype).
+  void FromFloat32(const float* in);
+  // Fills every byte with `byte` (tests poison outputs with 0xFF: NaN in every dtype).
+  void FillBytes(uint8_t byte);
+
+  // "[1, 8192, 16, 128] bf16"
+  std::string DebugString() const;
+
+ private:
+  struct Deleter {
+    void operator()(std::byte* p) const;
+  };
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> dims_;
+  int64_t numel_ = 0;
+  std::unique_ptr<std::byte, Deleter> data_;
+  MemoryTracker* tracker_ = nullptr;
+};
+
+// Fills t with uniform values in [lo, hi) from a seeded generator (rounded to t's dtype).
+void FillUniform(HostTensor& t, uint64_t seed, float lo = -1.f, float hi = 1.f);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_TENSOR_TENSOR_H_
