@@ -27,7 +27,10 @@ struct CompileOptions {
 struct DilatedGroup {
   int64_t offset = 0;
   std::vector<int64_t> positions;  // gathered global positions, ascending
-  std::vector<int64_t> seg_start;  // segments + 1 entries into positions
+  // segments + 1 entries into positions. Segment t covers [t * segment_length, (t + 1) *
+  // segment_length) for every t with t * segment_length < N; one holding no position of this
+  // offset (a short last segment) is kept, empty, so segment numbers match t.
+  std::vector<int64_t> seg_start;
 };
 
 struct DilatedBranch {

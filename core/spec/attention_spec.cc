@@ -1,0 +1,327 @@
+#include "core/spec/attention_spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "core/util/status_macros.h"
+
+namespace attnserve {
+namespace {
+
+// Helper for std::visit over the pattern and generator variants.
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+absl::Status Invalid(absl::string_view field, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", rule));
+}
+
+// "spec.dilated.dilation_rates" + 1 -> "spec.dilated.dilation_rates[1]".
+std::string Indexed(absl::string_view field, size_t i) { return absl::StrCat(field, "[", i, "]"); }
+
+absl::Status CheckAtLeast(absl::string_view field, int64_t value, int64_t min) {
+  if (value < min) return Invalid(field, absl::StrCat("must be >= ", min, ", got ", value));
+  return absl::OkStatus();
+}
+
+// a * b, or nullopt when it does not fit in int64 (both operands >= 0).
+std::optional<int64_t> CheckedMul(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+// The splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mix.
+constexpr uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// splitmix64 as a stream: each draw advances the state by the golden-ratio increment and mixes it.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t state) : state_(state) {}
+  uint64_t Next() {
+    state_ += 0x9E3779B97F4A7C15ull;
+    return Mix64(state_);
+  }
+  // Uniform-ish integer in [0, bound) by Lemire's multiply-shift: floor(x * bound / 2^64). Not
+  // rejection-sampled (bias below bound / 2^64, irrelevant here) so that every draw consumes
+  // exactly one output and the sequence is trivially reproducible.
+  uint64_t Below(uint64_t bound) { return absl::Uint128High64(absl::uint128(Next()) * bound); }
+
+ private:
+  uint64_t state_;
+};
+
+absl::Status ValidateGenerator(const BlockGenerator& generator, int64_t num_blocks, int64_t seq_len,
+                               int32_t block_size) {
+  return std::visit(
+      Overloaded{
+          [](const LocalWindowGen& g) {
+            return CheckAtLeast("spec.block_sparse.local_window.width", g.width, 0);
+          },
+          [](const DilatedSparseGen& g) {
+            for (size_t k = 0; k < g.rates.size(); ++k) {
+              ATTN_RETURN_IF_ERROR(CheckAtLeast(
+                  Indexed("spec.block_sparse.dilated_sparse.rates", k), g.rates[k], 1));
+            }
+            return absl::OkStatus();
+          },
+          [](const GlobalLocalGen& g) {
+            ATTN_RETURN_IF_ERROR(
+                CheckAtLeast("spec.block_sparse.global_local.global_blocks", g.global_blocks, 0));
+            return CheckAtLeast("spec.block_sparse.global_local.width", g.width, 0);
+          },
+          [](const StridedGen& g) {
+            ATTN_RETURN_IF_ERROR(CheckAtLeast("spec.block_sparse.strided.stride", g.stride, 1));
+            return CheckAtLeast("spec.block_sparse.strided.width", g.width, 0);
+          },
+          [](const RandomGen& g) {
+            // Written so that NaN fails too.
+            if (!(g.keep >= 0.0 && g.keep <= 1.0)) {
+              return Invalid("spec.block_sparse.random.keep",
+                             absl::StrCat("must be in [0, 1], got ", g.keep));
+            }
+            return absl::OkStatus();
+          },
+          [&](const CsrGen& g) {
+            constexpr absl::string_view kRowPtr = "spec.block_sparse.csr.row_ptr";
+            constexpr absl::string_view kColIdx = "spec.block_sparse.csr.col_idx";
+            const int64_t nnz = static_cast<int64_t>(g.col_idx.size());
+            if (static_cast<int64_t>(g.row_ptr.size()) != num_blocks + 1) {
+              return Invalid(
+                  kRowPtr, absl::StrCat("has ", g.row_ptr.size(),
+                                        " entries, expected num_blocks + 1 = ", num_blocks + 1,
+                                        " (", seq_len, " tokens at block_size ", block_size, ")"));
+            }
+            if (g.row_ptr[0] != 0) {
+              return Invalid(Indexed(kRowPtr, 0), absl::StrCat("must be 0, got ", g.row_ptr[0]));
+            }
+            for (int64_t i = 1; i <= num_blocks; ++i) {
+              if (g.row_ptr[i] < g.row_ptr[i - 1]) {
+                return Invalid(Indexed(kRowPtr, i),
+                               absl::StrCat(g.row_ptr[i], " is less than row_ptr[", i - 1,
+                                            "] = ", g.row_ptr[i - 1], " (must be non-decreasing)"));
+              }
+            }
+            if (g.row_ptr[num_blocks] != nnz) {
+              return Invalid(Indexed(kRowPtr, num_blocks),
+                             absl::StrCat(g.row_ptr[num_blocks],
+                                          " must equal the size of col_idx (", nnz, ")"));
+            }
+            // row_ptr is now known to be non-decreasing within [0, nnz], so indexing is safe.
+            for (int64_t i = 0; i < num_blocks; ++i) {
+              for (int64_t e = g.row_ptr[i]; e < g.row_ptr[i + 1]; ++e) {
+                const int64_t c = g.col_idx[e];
+                if (c < 0 || c >= num_blocks) {
+                  return Invalid(Indexed(kColIdx, e),
+                                 absl::StrCat(c, " is out of range [0, ", num_blocks, ")"));
+                }
+                if (e > g.row_ptr[i]) {
+                  const int64_t prev = g.col_idx[e - 1];
+                  if (c == prev) {
+                    return Invalid(Indexed(kColIdx, e),
+                                   absl::StrCat("duplicate column ", c, " in row ", i));
+                  }
+                  if (c < prev) {
+                    return Invalid(Indexed(kColIdx, e),
+                                   absl::StrCat(c, " follows ", prev, " in row ", i,
+                                                " (columns must ascend within a row)"));
+                  }
+                }
+              }
+            }
+            return absl::OkStatus();
+          },
+      },
+      generator);
+}
+
+}  // namespace
+
+float EffectiveScale(const AttentionSpec& spec, int64_t head_dim) {
+  if (spec.scale != 0.f) return spec.scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+std::string_view PatternName(const AttentionPattern& p) {
+  return std::visit(Overloaded{
+                        [](const DenseSpec&) { return std::string_view("dense"); },
+                        [](const WindowSpec&) { return std::string_view("window"); },
+                        [](const DilatedSpec&) { return std::string_view("dilated"); },
+                        [](const BlockSparseSpec&) { return std::string_view("block_sparse"); },
+                    },
+                    p);
+}
+
+std::string_view GeneratorName(const BlockGenerator& g) {
+  return std::visit(Overloaded{
+                        [](const LocalWindowGen&) { return std::string_view("local_window"); },
+                        [](const DilatedSparseGen&) { return std::string_view("dilated_sparse"); },
+                        [](const GlobalLocalGen&) { return std::string_view("global_local"); },
+                        [](const StridedGen&) { return std::string_view("strided"); },
+                        [](const RandomGen&) { return std::string_view("random"); },
+                        [](const CsrGen&) { return std::string_view("csr"); },
+                    },
+                    g);
+}
+
+absl::Status ValidateShape(const AttentionShape& shape) {
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.batch", shape.batch, 1));
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.tokens", shape.tokens, 1));
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.q_heads", shape.q_heads, 1));
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.kv_heads", shape.kv_heads, 1));
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.head_dim", shape.head_dim, 1));
+  if (shape.q_heads % shape.kv_heads != 0) {
+    return Invalid(
+        "shape.q_heads",
+        absl::StrCat(shape.q_heads, " is not a multiple of shape.kv_heads = ", shape.kv_heads));
+  }
+  if (shape.head_dim > kMaxHeadDim) {
+    return Invalid("shape.head_dim",
+                   absl::StrCat(shape.head_dim, " exceeds the maximum ", kMaxHeadDim));
+  }
+  // Every byte count downstream (elements * up to 8 bytes for the float64 reference) must fit in
+  // int64, so the element count must stay below 2^63 / 8.
+  std::optional<int64_t> elems = CheckedMul(shape.batch, shape.tokens);
+  if (elems) elems = CheckedMul(*elems, shape.q_heads);
+  if (elems) elems = CheckedMul(*elems, shape.head_dim);
+  if (!elems || *elems > std::numeric_limits<int64_t>::max() / 8) {
+    return Invalid("shape", absl::StrCat("batch * tokens * q_heads * head_dim = ", shape.batch,
+                                         " * ", shape.tokens, " * ", shape.q_heads, " * ",
+                                         shape.head_dim, " overflows int64 byte counts"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len) {
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.tokens", seq_len, 1));
+  if (!std::isfinite(spec.scale) || spec.scale < 0.f) {
+    return Invalid(
+        "spec.scale",
+        absl::StrCat("must be finite and >= 0 (0 = 1/sqrt(head_dim)), got ", spec.scale));
+  }
+  return std::visit(
+      Overloaded{
+          [](const DenseSpec&) { return absl::OkStatus(); },
+          [](const WindowSpec& w) { return CheckAtLeast("spec.window.size", w.size, 0); },
+          [](const DilatedSpec& d) {
+            if (d.segment_lengths.empty()) {
+              return Invalid("spec.dilated.segment_lengths", "must not be empty");
+            }
+            if (d.dilation_rates.empty()) {
+              return Invalid("spec.dilated.dilation_rates", "must not be empty");
+            }
+            if (d.segment_lengths.size() != d.dilation_rates.size()) {
+              return Invalid(
+                  "spec.dilated",
+                  absl::StrCat("segment_lengths has ", d.segment_lengths.size(),
+                               " entries but dilation_rates has ", d.dilation_rates.size()));
+            }
+            if (static_cast<int64_t>(d.segment_lengths.size()) > kMaxDilatedBranches) {
+              return Invalid("spec.dilated.segment_lengths",
+                             absl::StrCat(d.segment_lengths.size(), " branches exceed the maximum ",
+                                          kMaxDilatedBranches));
+            }
+            for (size_t k = 0; k < d.segment_lengths.size(); ++k) {
+              ATTN_RETURN_IF_ERROR(CheckAtLeast(Indexed("spec.dilated.segment_lengths", k),
+                                                d.segment_lengths[k], 1));
+              ATTN_RETURN_IF_ERROR(
+                  CheckAtLeast(Indexed("spec.dilated.dilation_rates", k), d.dilation_rates[k], 1));
+              if (d.dilation_rates[k] > d.segment_lengths[k]) {
+                return Invalid(Indexed("spec.dilated.dilation_rates", k),
+                               absl::StrCat(d.dilation_rates[k], " exceeds segment_lengths[", k,
+                                            "] = ", d.segment_lengths[k],
+                                            " (dilation must not exceed the segment)"));
+              }
+            }
+            return absl::OkStatus();
+          },
+          [&](const BlockSparseSpec& b) {
+            if (std::find(std::begin(kSupportedBlockSizes), std::end(kSupportedBlockSizes),
+                          b.block_size) == std::end(kSupportedBlockSizes)) {
+              return Invalid("spec.block_sparse.block_size",
+                             absl::StrCat(b.block_size, " is not supported (",
+                                          absl::StrJoin(kSupportedBlockSizes, " or "), ")"));
+            }
+            // ceil(seq_len / block_size) without overflowing seq_len + block_size - 1.
+            const int64_t nb = 1 + (seq_len - 1) / b.block_size;
+            if (nb > std::numeric_limits<int32_t>::max()) {
+              return Invalid("shape.tokens", absl::StrCat(seq_len, " tokens make ", nb,
+                                                          " blocks; at most 2^31 - 1 supported"));
+            }
+            return ValidateGenerator(b.generator, nb, seq_len, b.block_size);
+          },
+      },
+      spec.pattern);
+}
+
+absl::Status ValidateSpec(const AttentionSpec& spec, const AttentionShape& shape) {
+  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
+  return ValidateSpecForSeqLen(spec, shape.tokens);
+}
+
+// Algorithm (normative; reproduce it exactly to reproduce the layout without reading the CSR):
+//   M = num_blocks - 1 candidate blocks (every block but `row`), indexed x in [0, M); candidate x
+//   is block x when x < row and block x + 1 otherwise.
+//   k = llround(keep * num_blocks) (round half away from zero), capped at M.
+//   If k == M every candidate is taken. Otherwise the stream is splitmix64 with initial state
+//   s = Mix64(seed ^ Mix64(row)), where Mix64 is the splitmix64 finaliser
+//     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB;
+//     z ^ (z >> 31)
+//   and each draw does s += 0x9E3779B97F4A7C15 and outputs Mix64(s). Below(n) takes one draw x
+//   and returns floor(x * n / 2^64).
+//   Floyd's sampling (Bentley & Floyd, CACM 1987) then draws k distinct candidates:
+//     S = {}; for j in [M - k, M): t = Below(j + 1); S += (t in S ? j : t)
+//   The result is S sorted ascending, mapped to block indices as above (the map is monotone).
+// Time O(k log k) and memory O(k), independent of num_blocks.
+std::vector<int64_t> RandomRowBlocks(int64_t row, int64_t num_blocks, double keep, uint64_t seed) {
+  const int64_t m = num_blocks - 1;
+  if (m <= 0 || !(keep > 0.0)) return {};
+  const int64_t k = std::min<int64_t>(m, std::llround(std::min(keep, 1.0) * num_blocks));
+  std::vector<int64_t> out;
+  if (k <= 0) return out;
+  out.reserve(k);
+  if (k == m) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      if (b != row) out.push_back(b);
+    }
+    return out;
+  }
+  SplitMix64 rng(Mix64(seed ^ Mix64(static_cast<uint64_t>(row))));
+  absl::flat_hash_set<int64_t> chosen;
+  chosen.reserve(k);
+  for (int64_t j = m - k; j < m; ++j) {
+    const int64_t t = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(j) + 1));
+    // Every earlier pick is < j, so when t is taken j is still free.
+    const int64_t pick = chosen.contains(t) ? j : t;
+    chosen.insert(pick);
+    out.push_back(pick);
+  }
+  std::sort(out.begin(), out.end());
+  for (int64_t& x : out) {
+    if (x >= row) ++x;
+  }
+  return out;
+}
+
+}  // namespace attnserve
