@@ -39,6 +39,12 @@ absl::StatusOr<AttentionOutputs> CpuAttentionCompiled(const AttentionSpec& spec,
                                                       const HostTensor& v,
                                                       const CpuRunOptions& options = {});
 
+// CpuAttentionCompiled into caller-owned outputs: o [B, N, Hq, D] in q's dtype and lse [B, Hq, N]
+// f32, every element of which is written (tests poison them first to prove it). Same contract.
+absl::Status CpuAttentionInto(const AttentionSpec& spec, const CompiledPattern& compiled,
+                              const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                              const CpuRunOptions& options, HostTensor& o, HostTensor& lse);
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_CORE_CPU_CPU_BACKEND_H_
