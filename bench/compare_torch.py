@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Side-by-side of attnserve's CUDA kernels with PyTorch on the same GPU.
+
+Times, on the shapes of bench/cuda_bench.cc (attnbench_cuda):
+  * dense:   SDPA with the flash backend and with the cuDNN backend (non-causal and causal)
+  * sparse:  FlexAttention with a BlockMask built from the identical CSR that attnbench_cuda
+             dumped (--csr_dir), via BlockMask.from_kv_blocks; plus create_block_mask timing for
+             the 1M-token 99.9%-skipped layout, capped by a timeout (subprocess)
+  * dilated: a PyTorch LongNet implementation (gather per branch and head group, SDPA flash
+             returning the logsumexp, LSE merge in f32), with its peak memory
+Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). Timing:
+triton.testing.do_bench, median. Merges attnbench_cuda's JSON (--ours) and writes a JSON and a
+markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
+admitted pairs come from its JSON where available).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.testing
+except Exception:  # pragma: no cover
+    triton = None
+
+DEV = "cuda"
+DT = torch.bfloat16
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def bench_ms(fn, warmup=25, rep=100):
+    """Median ms. triton.testing.do_bench when present, else CUDA events."""
+    if triton is not None:
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return float(np.median(ts))
+
+
+def once_ms(fn):
+    a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+    torch.cuda.synchronize()
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return float(a.elapsed_time(b))
+
+
+def inputs(b, n, hq, hkv, d, seed=0):
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    q = torch.rand((b, n, hq, d), device=DEV, dtype=DT, generator=g) * 2 - 1
+    k = torch.rand((b, n, hkv, d), device=DEV, dtype=DT, generator=g) * 2 - 1
+    v = torch.rand((b, n, hkv, d), device=DEV, dtype=DT, generator=g) * 2 - 1
+    return q, k, v
+
+
+def dense_pairs(n, causal):
+    return n * (n + 1) // 2 if causal else n * n
+
+
+def tflops(flops, ms):
+    return flops / (ms * 1e-3) / 1e12 if ms and ms > 0 else None
+
+
+# ---------------------------------------------------------------- dense: SDPA flash / cuDNN
+def run_dense(case, res):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b, n, hq, hkv, d, causal = (case[k] for k in ("batch", "tokens", "q_heads", "kv_heads",
+                                                    "head_dim", "causal"))
+    q, k, v = inputs(b, n, hq, hkv, d)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, N, D] views of [B, N, H, D]
+    flops = 4 * b * hq * d * dense_pairs(n, causal)
+    for name, backend in (("torch_flash", SDPBackend.FLASH_ATTENTION),
+                          ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            def fn():
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            ms = bench_ms(fn) if n <= 65536 else once_ms(fn)
+            res[name + "_ms"] = ms
+            res[name + "_tflops"] = tflops(flops, ms)
+        except Exception as e:  # backend refused the shape, OOM, ...
+            res[name + "_error"] = repr(e)[:300]
+    del q, k, v
+
+
+# ---------------------------------------------------------------- sparse: FlexAttention
+_flex_compiled = None
+
+
+def flex():
+    global _flex_compiled
+    if _flex_compiled is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    return _flex_compiled
+
+
+def block_mask_from_csr(row_ptr, col_idx, n, bs):
+    from torch.nn.attention.flex_attention import BlockMask
+    nb = len(row_ptr) - 1
+    counts = np.diff(row_ptr).astype(np.int32)
+    # FlexAttention's BlockMask wants kv_indices of width = number of KV blocks (its transpose
+    # scatters into a [rows, width + 1] table indexed by column), so pad every row to nb.
+    width = nb
+    idx = np.zeros((nb, width), dtype=np.int32)
+    rows = np.repeat(np.arange(nb), counts)
+    pos = np.arange(len(col_idx)) - np.repeat(row_ptr[:-1], counts)
+    idx[rows, pos] = col_idx
+    full_num = torch.from_numpy(counts).to(DEV).view(1, 1, nb)
+    full_idx = torch.from_numpy(idx).to(DEV).view(1, 1, nb, width)
+    zero_num = torch.zeros_like(full_num)
+    zero_idx = torch.zeros_like(full_idx)
+    # Every kept block is a full block (non-causal layouts): no mask_mod work inside blocks.
+    return BlockMask.from_kv_blocks(zero_num, zero_idx, full_num, full_idx, BLOCK_SIZE=bs,
+                                    seq_lengths=(n, n))
+
+
+def run_sparse(case, res, csr_dir):
+    name = case["name"]
+    b, n, hq, hkv, d = (case[k] for k in ("batch", "tokens", "q_heads", "kv_heads", "head_dim"))
+    rp = os.path.join(csr_dir, name + "_row_ptr.npy")
+    ci = os.path.join(csr_dir, name + "_col_idx.npy")
+    if not (os.path.exists(rp) and os.path.exists(ci)):
+        res["flex_error"] = "no CSR dump for this case"
+        return
+    row_ptr, col_idx = np.load(rp), np.load(ci)
+    bs = 128
+    t0 = time.perf_counter()
+    bm = block_mask_from_csr(row_ptr, col_idx, n, bs)
+    torch.cuda.synchronize()
+    res["flex_blockmask_from_csr_ms"] = (time.perf_counter() - t0) * 1e3
+    q, k, v = inputs(b, n, hq, hkv, d)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    pairs = case.get("flops", 0) / (4 * b * hq * d) if case.get("flops") else None
+    try:
+        f = flex()
+        fn = lambda: f(qt, kt, vt, block_mask=bm)
+        fn()  # compile
+        torch.cuda.synchronize()
+        ms = bench_ms(fn) if n <= 1048576 else once_ms(fn)
+        res["flex_ms"] = ms
+        if pairs:
+            res["flex_tflops"] = tflops(4 * b * hq * d * pairs, ms)
+    except Exception as e:
+        res["flex_error"] = repr(e)[:300]
+    del q, k, v
+
+
+def create_block_mask_child(csr_dir, name, n):
+    """Runs in a subprocess: create_block_mask(_compile=True) with a mask_mod over the CSR."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    row_ptr = np.load(os.path.join(csr_dir, name + "_row_ptr.npy"))
+    col_idx = np.load(os.path.join(csr_dir, name + "_col_idx.npy"))
+    bs = 128
+    nb = len(row_ptr) - 1
+    # A dense [nb, nb] block table (nb = 8192 at 1M tokens: 64 MiB of bools); the mask_mod looks
+    # the (query block, key block) pair up, so create_block_mask evaluates the identical layout.
+    counts = np.diff(row_ptr)
+    rows = np.repeat(np.arange(nb), counts)
+    table = torch.zeros((nb, nb), dtype=torch.bool, device=DEV)
+    table[torch.from_numpy(rows).to(DEV), torch.from_numpy(col_idx.astype(np.int64)).to(DEV)] = True
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return table[q_idx // bs, kv_idx // bs]
+
+    t0 = time.perf_counter()
+    create_block_mask(mask_mod, 1, 1, n, n, device=DEV, BLOCK_SIZE=bs, _compile=True)
+    torch.cuda.synchronize()
+    print(json.dumps({"create_block_mask_ms": (time.perf_counter() - t0) * 1e3}))
+
+
+def run_create_block_mask(case, res, csr_dir, timeout):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child-create-block-mask", case["name"],
+           "--csr_dir", csr_dir, "--n", str(case["tokens"])]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        for line in p.stdout.splitlines():
+            if line.startswith("{"):
+                res.update(json.loads(line))
+        if "create_block_mask_ms" not in res:
+            res["create_block_mask_error"] = (p.stderr or "")[-300:]
+    except subprocess.TimeoutExpired:
+        res["create_block_mask_error"] = f"timeout after {timeout} s"
+
+
+# ---------------------------------------------------------------- dilated: PyTorch LongNet
+def dilated_torch(q, k, v, segs, rates, scale):
+    """LongNet dilated attention: per branch and head group, gather, SDPA (flash) with LSE,
+    scatter + LSE-merge into f32 accumulators. Assumes N divisible by every segment length."""
+    b, n, hq, d = q.shape
+    hkv = k.shape[2]
+    grp = hq // hkv
+    o_acc = torch.zeros((b, n, hq, d), device=q.device, dtype=torch.float32)
+    l_acc = torch.full((b, hq, n), float("-inf"), device=q.device, dtype=torch.float32)
+    for w, r in zip(segs, rates):
+        for o in range(min(r, hq)):
+            heads = torch.arange(o, hq, r, device=q.device)
+            kv_heads = heads // grp
+            pos = torch.arange(o, n, r, device=q.device)
+            pos = pos[(pos % w) >= o]  # t*w + o + m*r inside each segment
+            nseg = n // w
+            L = pos.numel() // nseg
+            qg = q[:, pos][:, :, heads].reshape(b * nseg, L, len(heads), d).transpose(1, 2)
+            kg = k[:, pos][:, :, kv_heads].reshape(b * nseg, L, len(heads), d).transpose(1, 2)
+            vg = v[:, pos][:, :, kv_heads].reshape(b * nseg, L, len(heads), d).transpose(1, 2)
+            out = torch.ops.aten._scaled_dot_product_flash_attention(qg, kg, vg, 0.0, False,
+                                                                     False, scale=scale)
+            og, lse = out[0], out[1]  # [b*nseg, Hg, L, D], [b*nseg, Hg, L] (natural log)
+            og = og.transpose(1, 2).reshape(b, nseg * L, len(heads), d).float()
+            lse = lse.reshape(b, nseg, len(heads), L).permute(0, 2, 1, 3).reshape(b, len(heads),
+                                                                                  nseg * L)
+            la = l_acc[:, heads][:, :, pos]
+            lnew = torch.logaddexp(la, lse)
+            wa = torch.exp(la - lnew).nan_to_num(0.0)
+            wi = torch.exp(lse - lnew)
+            cur = o_acc[:, pos][:, :, heads]
+            merged = cur * wa.permute(0, 2, 1)[..., None] + og * wi.permute(0, 2, 1)[..., None]
+            o_acc[:, pos[:, None], heads[None, :]] = merged
+            l_acc[:, heads[:, None], pos[None, :]] = lnew
+    return o_acc.to(q.dtype), l_acc
+
+
+def run_dilated(case, res, segs=(2048, 4096, 8192, 16384), rates=(1, 2, 4, 8)):
+    b, n, hq, hkv, d = (case[k] for k in ("batch", "tokens", "q_heads", "kv_heads", "head_dim"))
+    q, k, v = inputs(b, n, hq, hkv, d)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    scale = 1.0 / math.sqrt(d)
+    try:
+        fn = lambda: dilated_torch(q, k, v, segs, rates, scale)
+        ms = bench_ms(fn, warmup=5, rep=50) if n <= 65536 else once_ms(fn)
+        res["torch_dilated_ms"] = ms
+        res["torch_dilated_tokens_per_s"] = b * n / (ms * 1e-3)
+        res["torch_dilated_peak_bytes"] = torch.cuda.max_memory_allocated()
+        res["torch_dilated_peak_bytes_above_inputs"] = torch.cuda.max_memory_allocated() - base
+    except Exception as e:
+        res["torch_dilated_error"] = repr(e)[:300]
+    del q, k, v
+
+
+# ---------------------------------------------------------------- main
+def fmt(x, nd=3):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", help="attnbench_cuda JSON")
+    ap.add_argument("--csr_dir", default="/tmp/attn_csr")
+    ap.add_argument("--json", default="compare.json")
+    ap.add_argument("--md", default="compare.md")
+    ap.add_argument("--cases", default="all", help="comma list of case names or groups")
+    ap.add_argument("--cbm_timeout", type=int, default=60)
+    ap.add_argument("--child-create-block-mask", dest="child", default=None)
+    ap.add_argument("--n", type=int, default=0)
+    a = ap.parse_args()
+    if a.child:
+        create_block_mask_child(a.csr_dir, a.child, a.n)
+        return
+
+    ours = {}
+    meta = {}
+    if a.ours and os.path.exists(a.ours):
+        with open(a.ours) as f:
+            data = json.load(f)
+        meta = {k: v for k, v in data.items() if k != "results"}
+        ours = {r["name"]: r for r in data["results"]}
+    cases = list(ours.values())
+    if not cases:
+        log("compare_torch: no attnbench_cuda results; nothing to compare")
+    sel = set(a.cases.split(","))
+    results = []
+
+    def flush():
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": getattr(triton, "__version__", None), "ours_meta": meta,
+                       "results": results}, f, indent=1)
+
+    for case in cases:
+        if a.cases != "all" and case["name"] not in sel and case["group"] not in sel:
+            continue
+        res = {"name": case["name"], "group": case["group"], "ours_ms": case.get("ms_median"),
+               "ours_tflops": case.get("tflops"), "ours_tokens_per_s": case.get("tokens_per_s"),
+               "ours_peak_bytes": case.get("peak_bytes"), "ours_ok": case.get("check", {}).get("ok"),
+               "ours_error": case.get("error"), "sparsity": case.get("sparsity"),
+               "compile_ms": case.get("compile_ms")}
+        log(f"[compare_torch] {case['name']} ...")
+        t0 = time.time()
+        try:
+            g = case["group"]
+            if g == "dense" or case["name"] == "huge_dense_causal_n1048576":
+                run_dense(case, res)
+            elif g in ("sparse", "compile") or case["name"].startswith("huge_sparse"):
+                if case["name"].startswith("huge_sparse"):
+                    res["flex_error"] = "not run (8M tokens: see notes)"
+                else:
+                    run_sparse(case, res, a.csr_dir)
+                if g == "compile":
+                    run_create_block_mask(case, res, a.csr_dir, a.cbm_timeout)
+            elif g == "dilated":
+                run_dilated(case, res)
+        except Exception as e:
+            res["error"] = repr(e)[:300]
+            traceback.print_exc()
+        res["wall_s"] = time.time() - t0
+        torch.cuda.empty_cache()
+        results.append(res)
+        flush()
+        log(json.dumps(res))
+
+    # Markdown table.
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+             f"triton {getattr(triton, '__version__', None)}", "",
+             "| case | sparsity | ours ms | ours TFLOP/s | flash ms | flash TFLOP/s | cuDNN ms | "
+             "cuDNN TFLOP/s | flex ms | flex TFLOP/s | torch dilated ms | ours peak GiB | "
+             "torch dilated peak GiB | create_block_mask ms | ours ok |",
+             "|" + "---|" * 15]
+    gib = lambda x: x / 2**30 if x else None
+    for r in results:
+        lines.append("| " + " | ".join([
+            r["name"], fmt(r.get("sparsity"), 4), fmt(r.get("ours_ms")), fmt(r.get("ours_tflops"), 1),
+            fmt(r.get("torch_flash_ms")), fmt(r.get("torch_flash_tflops"), 1),
+            fmt(r.get("torch_cudnn_ms")), fmt(r.get("torch_cudnn_tflops"), 1),
+            fmt(r.get("flex_ms")), fmt(r.get("flex_tflops"), 1), fmt(r.get("torch_dilated_ms")),
+            fmt(gib(r.get("ours_peak_bytes")), 2), fmt(gib(r.get("torch_dilated_peak_bytes")), 2),
+            fmt(r.get("create_block_mask_ms"), 1) if "create_block_mask_ms" in r
+            else (r.get("create_block_mask_error", "-")[:40] if r["group"] == "compile" else "-"),
+            fmt(r.get("ours_ok"))]) + " |")
+    md = "\n".join(lines) + "\n"
+    with open(a.md, "w") as f:
+        f.write(md)
+    flush()
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,455 @@
+#include "core/cuda/cuda_attention.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/attention_ops.h"
+#include "core/cuda/cuda_status.h"
+#include "core/cuda/flash_fwd/flash_fwd_launch.h"
+#include "core/util/status_macros.h"
+
+namespace attnserve {
+namespace {
+
+constexpr int64_t kMaxGridYZ = 65535;
+
+bool Aligned8(int64_t x) { return x % 8 == 0; }
+
+template <int kHeadDim, typename Elem>
+cudaError_t DispatchBlock(const FlashFwdParams& p, cudaStream_t stream) {
+  return p.block_size == 64 ? RunFlashFwd<kHeadDim, 64, Elem>(p, stream)
+                            : RunFlashFwd<kHeadDim, 128, Elem>(p, stream);
+}
+
+// Uploads a host vector into a fresh device buffer (synchronously w.r.t. the host vector: the
+// copy is staged by the driver for pageable memory before cudaMemcpyAsync returns).
+template <typename T>
+absl::StatusOr<DeviceBuffer> Upload(CachingAllocator& alloc, const std::vector<T>& host,
+                                    cudaStream_t stream) {
+  ATTN_ASSIGN_OR_RETURN(DeviceBuffer buf,
+                        DeviceBuffer::Create(alloc, std::max<size_t>(1, host.size()) * sizeof(T)));
+  if (!host.empty()) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf.get(), host.data(), host.size() * sizeof(T),
+                                         cudaMemcpyHostToDevice, stream));
+    // Pageable host memory: make sure the copy has read `host` before the caller may free it.
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  return buf;
+}
+
+// Query blocks sorted by kept blocks, heaviest first (stable), so the longest CTAs start first and
+// the tail of the grid is short ones.
+std::vector<int32_t> HeavyFirstOrder(const std::vector<int64_t>& row_ptr) {
+  const int64_t nb = static_cast<int64_t>(row_ptr.size()) - 1;
+  std::vector<int32_t> order(nb);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return row_ptr[a + 1] - row_ptr[a] > row_ptr[b + 1] - row_ptr[b];
+  });
+  return order;
+}
+
+int64_t DensePairs(int64_t n, bool causal) { return causal ? n * (n + 1) / 2 : n * n; }
+
+}  // namespace
+
+bool CudaSupportsHeadDim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return absl::UnimplementedError(
+        absl::StrCat("shape.head_dim: the CUDA kernels support 64 and 128, got ", p.head_dim));
+  }
+  if (p.block_size != 64 && p.block_size != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size: must be 64 or 128, got ", p.block_size));
+  }
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
+    return absl::InvalidArgumentError("dtype: the flash_fwd kernel takes bf16 or f16");
+  }
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr || p.lse == nullptr) {
+    return absl::InvalidArgumentError("flash_fwd: null tensor pointer");
+  }
+  if (p.col_idx != nullptr && (p.row_ptr == nullptr || p.block_mask == nullptr)) {
+    return absl::InvalidArgumentError("flash_fwd: col_idx without row_ptr/block_mask");
+  }
+  if (p.num_heads > kMaxGridYZ || int64_t{p.batch} * p.num_segs > kMaxGridYZ ||
+      p.num_q_blocks > std::numeric_limits<int32_t>::max() || p.kv_group < 1 ||
+      p.num_segs < 1 || p.batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flash_fwd: grid out of range (heads ", p.num_heads, ", batch*segments ",
+        int64_t{p.batch} * p.num_segs, ", query blocks ", p.num_q_blocks, ")"));
+  }
+  if (p.num_q_blocks != (p.seqlen + p.block_size - 1) / p.block_size) {
+    return absl::InvalidArgumentError("flash_fwd: num_q_blocks does not cover seqlen");
+  }
+  // cp.async moves 16-byte chunks: every row start must be 16-byte aligned.
+  for (int64_t s : {p.q_batch_stride, p.q_seg_stride, p.q_row_stride, p.q_head_stride,
+                    p.k_batch_stride, p.k_seg_stride, p.k_row_stride, p.k_head_stride,
+                    p.v_batch_stride, p.v_seg_stride, p.v_row_stride, p.v_head_stride}) {
+    if (!Aligned8(s)) return absl::InvalidArgumentError("flash_fwd: strides must be multiples of 8");
+  }
+  for (const void* ptr : {p.q, p.k, p.v}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      return absl::InvalidArgumentError("flash_fwd: q/k/v must be 16-byte aligned");
+    }
+  }
+  cudaError_t err = cudaSuccess;
+  if (p.dtype == DType::kBF16) {
+    err = p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, stream)
+                           : DispatchBlock<128, __nv_bfloat16>(p, stream);
+  } else {
+    err = p.head_dim == 64 ? DispatchBlock<64, __half>(p, stream)
+                           : DispatchBlock<128, __half>(p, stream);
+  }
+  CUDA_RETURN_IF_ERROR(err);
+  return absl::OkStatus();
+}
+
+// ---- plan ------------------------------------------------------------------------------------
+
+struct CudaAttentionPlan::Layout {
+  int32_t block_size = 128;
+  int64_t num_blocks = 0;
+  bool implicit_dense = false;
+  bool dense_causal = false;
+  TokenRule rule;
+  DeviceBuffer row_ptr;    // int64 [nb + 1]
+  DeviceBuffer col_idx;    // int32 [kept]
+  DeviceBuffer mask;       // uint8 [kept]
+  DeviceBuffer row_order;  // int32 [nb], heavy rows first (may be empty)
+};
+
+// A dilated branch needs no gather: the positions of group o in segment t are the arithmetic
+// progression t*w + o + m*r, so the kernel reads them in place with a row stride of r tokens and
+// a segment stride of w tokens, and merges its result into the f32 accumulators in its epilogue.
+struct CudaAttentionPlan::Dilated {
+  struct Run {             // consecutive segments of one length
+    int64_t first = 0;     // global position of the first segment's first query
+    int64_t length = 0;    // tokens per segment
+    int64_t count = 0;     // segments
+    int64_t pitch = 0;     // positions between consecutive segments' starts (w)
+  };
+  struct Group {
+    int64_t offset = 0;      // head offset o: heads o, o + rate, ...
+    int32_t num_heads = 0;
+    std::vector<Run> runs;
+  };
+  struct Branch {
+    int64_t rate = 1;
+    std::vector<Group> groups;
+  };
+  std::vector<Branch> branches;
+  int32_t block_size = 128;
+};
+
+CudaAttentionPlan::~CudaAttentionPlan() = default;
+
+absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
+    const AttentionSpec& spec, const AttentionShape& shape, DType dtype, CachingAllocator& alloc,
+    cudaStream_t stream, const CompiledPattern* compiled, const Options& options) {
+  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
+  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  if (!CudaSupportsHeadDim(shape.head_dim)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "shape.head_dim: the CUDA backend supports head dims 64 and 128, got ", shape.head_dim));
+  }
+  if (shape.q_heads > kMaxGridYZ || shape.batch > kMaxGridYZ) {
+    return absl::InvalidArgumentError("shape: q_heads and batch must be <= 65535 on CUDA");
+  }
+  auto plan = std::unique_ptr<CudaAttentionPlan>(new CudaAttentionPlan());
+  plan->shape_ = shape;
+  plan->dtype_ = dtype;
+  plan->compute_dtype_ = dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
+  plan->scale_ = EffectiveScale(spec, shape.head_dim);
+  plan->causal_ = spec.causal;
+  plan->alloc_ = &alloc;
+  const int64_t b = shape.batch, n = shape.tokens, hq = shape.q_heads, d = shape.head_dim;
+  const int64_t hkv = shape.kv_heads;
+  if (dtype == DType::kF32) {
+    plan->workspace_bytes_ = (b * n * (2 * hq + 2 * hkv) * d) * 2;  // bf16 q, k, v, o
+  }
+
+  if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
+    CompiledPattern local;
+    if (compiled == nullptr) {
+      ATTN_ASSIGN_OR_RETURN(local, CompilePattern(spec, n, hq, options.compile));
+      compiled = &local;
+    }
+    if (!compiled->dilated) return absl::InvalidArgumentError("dilated spec without a plan");
+    auto dil = std::make_unique<Dilated>();
+    dil->block_size = options.compile.block_size;
+    double pairs_heads = 0;  // sum over (branch, head) of admitted pairs
+    for (const DilatedBranch& br : compiled->dilated->branches) {
+      Dilated::Branch branch;
+      branch.rate = br.rate;
+      for (const DilatedGroup& gr : br.groups) {
+        Dilated::Group group;
+        group.offset = gr.offset;
+        group.num_heads = static_cast<int32_t>((hq - gr.offset + br.rate - 1) / br.rate);
+        if (group.num_heads <= 0 || gr.positions.empty()) continue;
+        int64_t group_pairs = 0;
+        for (size_t t = 0; t + 1 < gr.seg_start.size(); ++t) {
+          const int64_t s0 = gr.seg_start[t];
+          const int64_t len = gr.seg_start[t + 1] - s0;
+          if (len == 0) continue;
+          const int64_t first = gr.positions[s0];
+          // The strided reads rely on each segment being an arithmetic progression of step r.
+          if (gr.positions[s0 + len - 1] != first + (len - 1) * br.rate) {
+            return absl::InternalError(absl::StrCat(
+                "dilated plan: segment ", t, " of rate ", br.rate, " offset ", gr.offset,
+                " is not an arithmetic progression of step ", br.rate));
+          }
+          group_pairs += DensePairs(len, spec.causal);
+          Dilated::Run* last = group.runs.empty() ? nullptr : &group.runs.back();
+          if (last != nullptr && last->length == len &&
+              first == last->first + last->count * br.segment_length &&
+              (last->count + 1) * b <= kMaxGridYZ) {
+            ++last->count;
+          } else {
+            group.runs.push_back({first, len, 1, br.segment_length});
+          }
+        }
+        pairs_heads += static_cast<double>(group_pairs) * group.num_heads;
+        branch.groups.push_back(std::move(group));
+      }
+      dil->branches.push_back(std::move(branch));
+    }
+    plan->flops_ = 4.0 * b * d * pairs_heads;
+    plan->sparsity_ = compiled->layout.sparsity();
+    // The f32 O accumulator (the output itself when the output is f32).
+    if (dtype != DType::kF32) plan->workspace_bytes_ += b * n * hq * d * 4;
+    plan->dilated_ = std::move(dil);
+    return plan;
+  }
+
+  auto layout = std::make_unique<Layout>();
+  const bool dense = std::holds_alternative<DenseSpec>(spec.pattern);
+  if (dense && compiled == nullptr) {
+    // Dense needs no CSR: the kernel walks [0, nb) (or [0, i] when causal) itself, so dense
+    // requests of any length hold O(nb) plan memory (the heavy-first row order) only.
+    layout->block_size = options.compile.block_size;
+    layout->num_blocks = NumBlocks(n, layout->block_size);
+    layout->implicit_dense = true;
+    layout->dense_causal = spec.causal;
+    if (spec.causal) {
+      std::vector<int32_t> order(layout->num_blocks);
+      for (int64_t i = 0; i < layout->num_blocks; ++i) {
+        order[i] = static_cast<int32_t>(layout->num_blocks - 1 - i);
+      }
+      ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
+      plan->plan_bytes_ += layout->num_blocks * 4;
+    }
+    plan->flops_ = 4.0 * b * hq * d * static_cast<double>(DensePairs(n, spec.causal));
+    const double nb = static_cast<double>(layout->num_blocks);
+    plan->sparsity_ = spec.causal ? 1.0 - (nb * (nb + 1) / 2) / (nb * nb) : 0.0;
+  } else {
+    BlockLayout local;
+    const BlockLayout* bl = nullptr;
+    if (compiled != nullptr) {
+      bl = &compiled->layout;
+    } else {
+      ATTN_ASSIGN_OR_RETURN(local, CompileBlockLayout(spec, n, options.compile));
+      bl = &local;
+    }
+    if (bl->seq_len != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compiled layout has ", bl->seq_len, " tokens, shape has ", n));
+    }
+    layout->block_size = bl->block_size;
+    layout->num_blocks = bl->num_blocks;
+    layout->rule = bl->rule;
+    std::vector<int32_t> order = HeavyFirstOrder(bl->row_ptr);
+    std::vector<uint8_t> mask(bl->mask.size());
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(bl->mask[i]);
+    ATTN_ASSIGN_OR_RETURN(layout->row_ptr, Upload(alloc, bl->row_ptr, stream));
+    ATTN_ASSIGN_OR_RETURN(layout->col_idx, Upload(alloc, bl->col_idx, stream));
+    ATTN_ASSIGN_OR_RETURN(layout->mask, Upload(alloc, mask, stream));
+    ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
+    plan->plan_bytes_ = (bl->num_blocks + 1) * 8 + bl->kept_blocks() * 5 + bl->num_blocks * 4;
+    plan->flops_ = 4.0 * b * hq * d * static_cast<double>(bl->AdmittedPairs());
+    plan->sparsity_ = bl->sparsity();
+  }
+  plan->layout_ = std::move(layout);
+  return plan;
+}
+
+absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v, void* o,
+                                    float* lse, cudaStream_t stream,
+                                    const std::atomic<bool>* cancel) const {
+  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
+                d = shape_.head_dim;
+  // f32 inputs: bf16 copies on the device.
+  DeviceBuffer qc, kc, vc, oc;
+  const void* qx = q;
+  const void* kx = k;
+  const void* vx = v;
+  void* ox = o;
+  if (dtype_ == DType::kF32) {
+    const int64_t nq = b * n * hq * d, nkv = b * n * hkv * d;
+    ATTN_ASSIGN_OR_RETURN(qc, DeviceBuffer::Create(*alloc_, nq * 2));
+    ATTN_ASSIGN_OR_RETURN(kc, DeviceBuffer::Create(*alloc_, nkv * 2));
+    ATTN_ASSIGN_OR_RETURN(vc, DeviceBuffer::Create(*alloc_, nkv * 2));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc.get(), nq, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc.get(), nkv, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc.get(), nkv, stream));
+    qx = qc.get();
+    kx = kc.get();
+    vx = vc.get();
+    if (!dilated_) {
+      ATTN_ASSIGN_OR_RETURN(oc, DeviceBuffer::Create(*alloc_, nq * 2));
+      ox = oc.get();
+    }
+  }
+  if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
+  if (dilated_) return RunDilated(qx, kx, vx, o, lse, stream, cancel);
+  ATTN_RETURN_IF_ERROR(RunLayout(qx, kx, vx, ox, lse, stream));
+  if (dtype_ == DType::kF32) {
+    CUDA_RETURN_IF_ERROR(
+        LaunchConvert(DType::kBF16, ox, DType::kF32, o, b * n * hq * d, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttentionPlan::RunLayout(const void* q, const void* k, const void* v, void* o,
+                                          float* lse, cudaStream_t stream) const {
+  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
+                d = shape_.head_dim;
+  FlashFwdParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
+  p.q_batch_stride = n * hq * d;
+  p.q_row_stride = hq * d;
+  p.q_head_stride = d;
+  p.k_batch_stride = p.v_batch_stride = n * hkv * d;
+  p.k_row_stride = p.v_row_stride = hkv * d;
+  p.k_head_stride = p.v_head_stride = d;
+  p.o_batch_stride = p.q_batch_stride;
+  p.o_row_stride = p.q_row_stride;
+  p.o_head_stride = p.q_head_stride;
+  p.lse_batch_stride = hq * n;
+  p.lse_head_stride = n;
+  p.batch = static_cast<int32_t>(b);
+  p.num_segs = 1;
+  p.seqlen = n;
+  p.num_heads = static_cast<int32_t>(hq);
+  p.kv_group = static_cast<int32_t>(hq / hkv);
+  p.head_dim = static_cast<int32_t>(d);
+  p.block_size = layout_->block_size;
+  p.dtype = compute_dtype_;
+  p.scale = scale_;
+  p.scale_log2 = static_cast<float>(scale_ * M_LOG2E);
+  p.num_q_blocks = layout_->num_blocks;
+  p.num_k_blocks = layout_->num_blocks;
+  p.row_order = layout_->row_order.as<int32_t>();
+  if (layout_->implicit_dense) {
+    p.dense_causal = layout_->dense_causal;
+  } else {
+    p.row_ptr = layout_->row_ptr.as<int64_t>();
+    p.col_idx = layout_->col_idx.as<int32_t>();
+    p.block_mask = layout_->mask.as<uint8_t>();
+    p.rule_causal = layout_->rule.causal;
+    p.rule_window = layout_->rule.window ? *layout_->rule.window : -1;
+  }
+  return RunAttentionForward(p, stream);
+}
+
+absl::Status CudaAttentionPlan::RunDilated(const void* q, const void* k, const void* v, void* o,
+                                           float* lse, cudaStream_t stream,
+                                           const std::atomic<bool>* cancel) const {
+  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
+                d = shape_.head_dim;
+  const int64_t esize = static_cast<int64_t>(DTypeSize(compute_dtype_));
+  // Accumulators: O f32 (the output itself when the output is f32), LSE = the output LSE.
+  DeviceBuffer o_acc_buf;
+  float* o_acc = nullptr;
+  if (dtype_ == DType::kF32) {
+    o_acc = static_cast<float*>(o);
+  } else {
+    ATTN_ASSIGN_OR_RETURN(o_acc_buf, DeviceBuffer::Create(*alloc_, b * n * hq * d * 4));
+    o_acc = o_acc_buf.as<float>();
+  }
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o_acc, 0, b * n * hq * d * 4, stream));
+  CUDA_RETURN_IF_ERROR(LaunchFillFloat(lse, -INFINITY, b * hq * n, stream));
+
+  for (const Dilated::Branch& branch : dilated_->branches) {
+    for (const Dilated::Group& group : branch.groups) {
+      if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
+      for (const Dilated::Run& run : group.runs) {
+        const int64_t r = branch.rate;
+        FlashFwdParams p;
+        p.q = static_cast<const std::byte*>(q) + run.first * hq * d * esize;
+        p.k = static_cast<const std::byte*>(k) + run.first * hkv * d * esize;
+        p.v = static_cast<const std::byte*>(v) + run.first * hkv * d * esize;
+        p.o = o_acc + run.first * hq * d;
+        p.lse = lse + run.first;
+        p.accumulate = true;
+        p.q_batch_stride = p.o_batch_stride = n * hq * d;
+        p.q_seg_stride = p.o_seg_stride = run.pitch * hq * d;
+        p.q_row_stride = p.o_row_stride = r * hq * d;
+        p.q_head_stride = p.o_head_stride = d;
+        p.k_batch_stride = p.v_batch_stride = n * hkv * d;
+        p.k_seg_stride = p.v_seg_stride = run.pitch * hkv * d;
+        p.k_row_stride = p.v_row_stride = r * hkv * d;
+        p.k_head_stride = p.v_head_stride = d;
+        p.lse_batch_stride = hq * n;
+        p.lse_head_stride = n;
+        p.lse_seg_stride = run.pitch;
+        p.lse_row_stride = r;
+        p.batch = static_cast<int32_t>(b);
+        p.num_segs = static_cast<int32_t>(run.count);
+        p.seqlen = run.length;
+        p.num_heads = group.num_heads;
+        p.head_start = static_cast<int32_t>(group.offset);
+        p.head_step = static_cast<int32_t>(r);
+        p.kv_group = static_cast<int32_t>(hq / hkv);
+        p.head_dim = static_cast<int32_t>(d);
+        p.block_size = dilated_->block_size;
+        p.dtype = compute_dtype_;
+        p.scale = scale_;
+        p.scale_log2 = static_cast<float>(scale_ * M_LOG2E);
+        p.num_q_blocks = NumBlocks(run.length, p.block_size);
+        p.num_k_blocks = p.num_q_blocks;
+        p.dense_causal = causal_;
+        ATTN_RETURN_IF_ERROR(RunAttentionForward(p, stream));
+      }
+    }
+  }
+  if (dtype_ != DType::kF32) {
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, o_acc, dtype_, o, b * n * hq * d, stream));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CudaAttentionPlan::EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
+                                         DType dtype) {
+  const int64_t b = shape.batch, n = shape.tokens, hq = shape.q_heads, hkv = shape.kv_heads,
+                d = shape.head_dim;
+  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
+  int64_t bytes = b * n * (2 * hq + 2 * hkv) * d * es + b * hq * n * 4;  // q k v o lse
+  if (dtype == DType::kF32) bytes += b * n * (2 * hq + 2 * hkv) * d * 2;
+  const int64_t nb = NumBlocks(n, 64);
+  if (const auto* dil = std::get_if<DilatedSpec>(&spec.pattern)) {
+    // The f32 O accumulator (strided in-place branches need no gather buffers).
+    (void)dil;
+    bytes += b * n * hq * d * 4;
+  } else if (!std::holds_alternative<DenseSpec>(spec.pattern)) {
+    // CSR upper bound for band/sparse layouts: rows + a generous kept count.
+    bytes += nb * 16 + std::min<int64_t>(nb * nb, 64 * nb) * 5;
+  } else {
+    bytes += nb * 4;
+  }
+  return bytes;
+}
+
+}  // namespace attnserve

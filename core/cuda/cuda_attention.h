@@ -1,0 +1,99 @@
+// The CUDA attention engine below the Device interface: the one runtime -> template dispatch of
+// the flash_fwd kernel (RunAttentionForward) and a device-pointer API (CudaAttentionPlan) that the
+// CudaDevice, the benches and the ring driver call. Nothing here is O(N^2): dense layouts are
+// implicit in the kernel, others are CSR; dilated branches are read in place through strides and
+// merged into one f32 accumulator (O(N * Hq * D)), with no gather buffers.
+#ifndef ATTNSERVE_CORE_CUDA_CUDA_ATTENTION_H_
+#define ATTNSERVE_CORE_CUDA_CUDA_ATTENTION_H_
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/cuda/caching_allocator.h"
+#include "core/cuda/flash_fwd/flash_fwd_params.h"
+#include "core/spec/attention_spec.h"
+#include "core/spec/pattern_compiler.h"
+#include "core/tensor/tensor.h"
+
+namespace attnserve {
+
+// Checks params against what the kernels support (head dim 64/128, block 64/128, bf16/f16, grid
+// limits, 16-byte aligned rows) and launches the matching instantiation. INVALID_ARGUMENT /
+// UNIMPLEMENTED for unsupported params, the CUDA error (with file:line) for a failed launch.
+absl::Status RunAttentionForward(const FlashFwdParams& params, cudaStream_t stream);
+
+// Head dims the CUDA kernels implement.
+bool CudaSupportsHeadDim(int64_t head_dim);
+
+// One spec compiled for one shape and dtype, with its block layout (or dilated branch plan)
+// uploaded to the device. Run() may be called many times (benches) on the stream it was made for.
+// Inputs/outputs are contiguous device tensors: q [B, N, Hq, D], k/v [B, N, Hkv, D] and
+// o [B, N, Hq, D] in `dtype` (f32 allowed: computed in bf16, see below), lse [B, Hq, N] f32.
+//
+// f32 inputs are converted to bf16 on the device (one elementwise kernel per tensor) and the
+// bf16 kernel runs; bf16 keeps f32's range, so no input can overflow, at bf16 accuracy (~1e-2).
+class CudaAttentionPlan {
+ public:
+  struct Options {
+    CompileOptions compile;  // block size of dense/window/dilated layouts (64 or 128)
+  };
+  // `compiled` may be null: the spec is then compiled here (dense needs no layout at all).
+  // The allocator must outlive the plan; all of a plan's work runs on one stream.
+  static absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> Create(
+      const AttentionSpec& spec, const AttentionShape& shape, DType dtype,
+      CachingAllocator& alloc, cudaStream_t stream, const CompiledPattern* compiled = nullptr,
+      const Options& options = {});
+  ~CudaAttentionPlan();
+
+  // Enqueues the computation. `cancel` is polled between launches (CANCELLED when set). Does not
+  // synchronize; workspaces are returned to the allocator stream-ordered.
+  absl::Status Run(const void* q, const void* k, const void* v, void* o, float* lse,
+                   cudaStream_t stream, const std::atomic<bool>* cancel = nullptr) const;
+
+  // 4 * D * (admitted (query, key) pairs summed over batches and query heads); for dilated specs
+  // the pairs of every branch count.
+  double flops() const { return flops_; }
+  double sparsity() const { return sparsity_; }
+  // Device bytes held by the plan (CSR, positions).
+  int64_t plan_bytes() const { return plan_bytes_; }
+  // Upper bound of workspace bytes Run() allocates (f32 input conversion, the dilated f32
+  // accumulator).
+  int64_t workspace_bytes() const { return workspace_bytes_; }
+
+  // Device bytes a run of (spec, shape, dtype) needs: inputs, outputs, plan and workspaces.
+  // Analytic (no compile), for admission control.
+  static int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
+                               DType dtype);
+
+ private:
+  struct Layout;   // an uploaded CSR (or implicit dense)
+  struct Dilated;  // per branch and head group: strided segment runs
+  CudaAttentionPlan() = default;
+  absl::Status RunLayout(const void* q, const void* k, const void* v, void* o, float* lse,
+                         cudaStream_t stream) const;
+  absl::Status RunDilated(const void* q, const void* k, const void* v, void* o, float* lse,
+                          cudaStream_t stream, const std::atomic<bool>* cancel) const;
+
+  AttentionShape shape_;
+  DType dtype_ = DType::kBF16;
+  DType compute_dtype_ = DType::kBF16;
+  float scale_ = 0.f;
+  bool causal_ = false;
+  CachingAllocator* alloc_ = nullptr;
+  std::unique_ptr<Layout> layout_;
+  std::unique_ptr<Dilated> dilated_;
+  double flops_ = 0;
+  double sparsity_ = 0;
+  int64_t plan_bytes_ = 0;
+  int64_t workspace_bytes_ = 0;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_CUDA_ATTENTION_H_

@@ -1,0 +1,428 @@
+// The cuDNN SDPA engine (core/cuda/cudnn_sdpa) against the float64 reference: dense, causal,
+// window and causal window, GQA, ragged N, head dims 64/128, bf16/f16, a non-default scale, on
+// fresh seeded inputs with device outputs poisoned (0xFF bytes: NaN) before each run. Plus the
+// support answers, the graph cache (hits, LRU bound), the workspace allocator hooks and the error
+// paths. Skips cleanly where there is no GPU or no loadable libcudnn.
+#include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/reference/reference.h"
+#include "core/spec/attention_spec.h"
+#include "gtest/gtest.h"
+#include "tests/testing/attention_test_util.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::FreshSeed;
+using ::attnserve::testing::MakeRandomInputs;
+using ::attnserve::testing::ShapeString;
+
+int GpuCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// One engine for the whole binary (a handle costs ~100 ms; graphs are cached across cases).
+// Null with `why` set when the path cannot run here.
+CudnnSdpa* SharedEngine(std::string* why) {
+  static std::string* reason = new std::string;
+  static CudnnSdpa* engine = []() -> CudnnSdpa* {
+    if (GpuCount() == 0) {
+      *reason = "no CUDA device available";
+      return nullptr;
+    }
+    auto e = CudnnSdpa::Create({});
+    if (!e.ok()) {
+      *reason = absl::StrCat("cuDNN path unavailable: ", e.status().ToString());
+      return nullptr;
+    }
+    std::printf("cuDNN %lld from %s\n", static_cast<long long>((*e)->backend_version()),
+                (*e)->library().c_str());
+    return e->release();
+  }();
+  *why = *reason;
+  return engine;
+}
+
+#define GET_ENGINE_OR_SKIP(var)                 \
+  std::string skip_reason_;                     \
+  CudnnSdpa* var = SharedEngine(&skip_reason_); \
+  if (var == nullptr) GTEST_SKIP() << skip_reason_
+
+// Tolerances of the brief (max |o - ref| / max |ref|; LSE absolute, natural log).
+double OTol(DType d) { return d == DType::kF16 ? 5e-3 : 1e-2; }
+constexpr double kLseTol = 1e-2;
+
+// A device buffer freed on scope exit.
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+struct Outputs {
+  HostTensor o;
+  HostTensor lse;
+};
+
+// Uploads q/k/v, poisons O and LSE, runs the engine, returns host copies. Fatal failures on error.
+void RunEngine(CudnnSdpa& engine, const AttentionSpec& spec, const AttentionShape& shape,
+               DType dtype, const testing::QkvInputs& in, Outputs* out) {
+  auto o = HostTensor::Create(dtype, {shape.batch, shape.tokens, shape.q_heads, shape.head_dim});
+  auto lse = HostTensor::Create(DType::kF32, {shape.batch, shape.q_heads, shape.tokens});
+  ASSERT_TRUE(o.ok() && lse.ok());
+  DevBuf dq(in.q.nbytes()), dk(in.k.nbytes()), dv(in.v.nbytes()), dout(o->nbytes()),
+      dlse(lse->nbytes());
+  ASSERT_TRUE(dq.p && dk.p && dv.p && dout.p && dlse.p);
+  ASSERT_EQ(cudaMemcpy(dq.p, in.q.data(), in.q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk.p, in.k.data(), in.k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dv.p, in.v.data(), in.v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dout.p, 0xFF, o->nbytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dlse.p, 0xFF, lse->nbytes()), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const absl::Status st = CudnnSdpaForward(engine, spec, shape, dtype, dq.p, dk.p, dv.p, dout.p,
+                                           static_cast<float*>(dlse.p), stream);
+  const cudaError_t sync = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
+  ASSERT_EQ(cudaMemcpy(o->data(), dout.p, o->nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lse->data(), dlse.p, lse->nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  out->o = std::move(*o);
+  out->lse = std::move(*lse);
+}
+
+struct Case {
+  std::string name;
+  AttentionSpec spec;
+  AttentionShape shape;
+  DType dtype;
+};
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  struct ShapeVariant {
+    std::string tag;
+    AttentionShape shape;  // head_dim filled per case
+    std::vector<int64_t> head_dims;
+  };
+  const ShapeVariant variants[] = {
+      {"n300_gqa2", {1, 300, 4, 2, 0}, {64, 128}},  // ragged N (not a multiple of 64/128), g = 2
+      {"n256_b2", {2, 256, 2, 2, 0}, {64, 128}},    // exact multiple, two batches, no GQA
+      {"n1000_gqa4", {1, 1000, 8, 2, 0}, {128}},    // several KV tiles per row, g = 4
+  };
+  const std::pair<std::string, AttentionPattern> patterns[] = {
+      {"dense", DenseSpec{}}, {"window37", WindowSpec{37}}, {"window0", WindowSpec{0}}};
+  for (const ShapeVariant& sv : variants) {
+    for (const auto& [pname, pattern] : patterns) {
+      for (bool causal : {false, true}) {
+        // window(0) is the diagonal alone: once, causal, on the first variant.
+        if (pname == "window0" && (!causal || sv.tag != "n300_gqa2")) continue;
+        for (int64_t d : sv.head_dims) {
+          for (DType dt : {DType::kBF16, DType::kF16}) {
+            Case c;
+            c.spec.pattern = pattern;
+            c.spec.causal = causal;
+            c.shape = sv.shape;
+            c.shape.head_dim = d;
+            c.dtype = dt;
+            c.name = absl::StrCat(pname, causal ? "_causal" : "", "_", sv.tag, "_d", d, "_",
+                                  std::string(DTypeName(dt)));
+            cases.push_back(std::move(c));
+          }
+        }
+      }
+    }
+  }
+  {
+    // A window wider than the sequence (planned as dense), a non-default scale, minimal N.
+    Case c;
+    c.spec.pattern = WindowSpec{5000};
+    c.shape = {1, 300, 2, 1, 64};
+    c.dtype = DType::kBF16;
+    c.name = "window_wider_than_n_d64_bf16";
+    cases.push_back(c);
+    c.spec.pattern = WindowSpec{64};
+    c.spec.causal = true;
+    c.spec.scale = 0.3f;
+    c.shape = {1, 777, 4, 1, 128};
+    c.dtype = DType::kF16;
+    c.name = "window64_causal_scale0p3_n777_gqa4_d128_f16";
+    cases.push_back(c);
+    c.spec = AttentionSpec{};
+    c.shape = {3, 2, 2, 2, 64};
+    c.dtype = DType::kBF16;
+    c.name = "dense_n2_b3_d64_bf16";
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class CudnnSdpaTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudnnSdpaTest, MatchesReference) {
+  GET_ENGINE_OR_SKIP(engine);
+  const Case& c = GetParam();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat(c.name, " ", ShapeString(c.shape, c.dtype), " seed=", seed));
+  std::printf("[ case ] %s seed=%llu\n", c.name.c_str(), static_cast<unsigned long long>(seed));
+  auto covered = CudnnSdpaSupports(c.spec, c.shape, c.dtype);
+  ASSERT_TRUE(covered.ok()) << covered.status();
+  ASSERT_TRUE(*covered);
+  auto supported = engine->Supports(c.spec, c.shape, c.dtype);
+  ASSERT_TRUE(supported.ok()) << supported.status();
+  ASSERT_TRUE(*supported) << "cuDNN " << engine->backend_version() << " has no engine for "
+                          << c.name;
+  const testing::QkvInputs in = MakeRandomInputs(c.shape, c.dtype, seed);
+  auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  Outputs out;
+  RunEngine(*engine, c.spec, c.shape, c.dtype, in, &out);
+  if (HasFatalFailure()) return;
+  const ErrorStats e = CompareToReference(*ref, out.o, &out.lse);
+  std::printf("         o_rel=%.3g lse_max_abs=%.3g\n", e.o_rel, e.lse_max_abs);
+  EXPECT_EQ(e.nonfinite, 0) << "unwritten or non-finite outputs";
+  EXPECT_LE(e.o_rel, OTol(c.dtype))
+      << "o max abs err " << e.o_max_abs << " / max|ref| " << e.o_ref_max_abs;
+  EXPECT_LE(e.lse_max_abs, kLseTol);
+  EXPECT_GT(e.checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, CudnnSdpaTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// ---- support answers (no GPU needed) --------------------------------------------------------
+
+TEST(CudnnSdpaSupportsTest, CoversDenseAndWindowOnly) {
+  const AttentionShape shape{1, 512, 4, 2, 128};
+  AttentionSpec spec;
+  EXPECT_TRUE(*CudnnSdpaSupports(spec, shape, DType::kBF16));
+  EXPECT_TRUE(*CudnnSdpaSupports(spec, shape, DType::kF16));
+  EXPECT_FALSE(*CudnnSdpaSupports(spec, shape, DType::kF32));
+  spec.causal = true;
+  spec.pattern = WindowSpec{100};
+  EXPECT_TRUE(*CudnnSdpaSupports(spec, shape, DType::kBF16));
+  spec.pattern = DilatedSpec{{128, 256}, {1, 2}};
+  EXPECT_FALSE(*CudnnSdpaSupports(spec, shape, DType::kBF16));
+  spec.pattern = BlockSparseSpec{128, LocalWindowGen{1}};
+  EXPECT_FALSE(*CudnnSdpaSupports(spec, shape, DType::kBF16));
+  // Head dim not a multiple of 8; a single token.
+  EXPECT_FALSE(*CudnnSdpaSupports(AttentionSpec{}, {1, 512, 4, 2, 100}, DType::kBF16));
+  EXPECT_FALSE(*CudnnSdpaSupports(AttentionSpec{}, {1, 1, 4, 2, 64}, DType::kBF16));
+  // Invalid shapes are errors, not "false".
+  EXPECT_FALSE(CudnnSdpaSupports(AttentionSpec{}, {1, 512, 3, 2, 64}, DType::kBF16).ok());
+}
+
+// ---- cache, workspace, errors ---------------------------------------------------------------
+
+TEST(CudnnSdpaEngineTest, CacheHitsAndLruBound) {
+  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";
+  CudnnSdpa::Options opt;
+  opt.max_cached_graphs = 2;
+  int64_t allocs = 0, frees = 0;
+  opt.workspace.allocate = [&](size_t bytes) -> absl::StatusOr<void*> {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return absl::ResourceExhaustedError("cudaMalloc");
+    ++allocs;
+    return p;
+  };
+  // Synchronizing free: the test's stream is the only user (a caching allocator would not sync).
+  opt.workspace.free = [&](void* p) {
+    cudaDeviceSynchronize();
+    cudaFree(p);
+    ++frees;
+  };
+  auto created = CudnnSdpa::Create(opt);
+  if (absl::IsUnavailable(created.status())) GTEST_SKIP() << created.status();
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudnnSdpa& engine = **created;
+
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const AttentionShape shape{1, 384, 2, 1, 64};
+  const testing::QkvInputs in = MakeRandomInputs(shape, DType::kBF16, seed);
+  AttentionSpec spec;
+  spec.causal = true;
+  Outputs out;
+  for (int i = 0; i < 3; ++i) {
+    RunEngine(engine, spec, shape, DType::kBF16, in, &out);
+    if (HasFatalFailure()) return;
+  }
+  CudnnSdpa::CacheStats s = engine.cache_stats();
+  EXPECT_EQ(s.builds, 1);
+  EXPECT_EQ(s.hits, 2);
+  EXPECT_EQ(s.entries, 1);
+  EXPECT_GT(s.build_seconds, 0);
+  std::printf("graph build %.1f ms\n", 1e3 * s.build_seconds);
+  auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok());
+  const ErrorStats e = CompareToReference(*ref, out.o, &out.lse);
+  EXPECT_EQ(e.nonfinite, 0);
+  EXPECT_LE(e.o_rel, OTol(DType::kBF16));
+  EXPECT_LE(e.lse_max_abs, kLseTol);
+
+  // Two more keys: the bound of 2 drops the least recently used.
+  AttentionSpec dense;
+  AttentionSpec window;
+  window.pattern = WindowSpec{16};
+  ASSERT_TRUE(*engine.Supports(dense, shape, DType::kBF16));
+  ASSERT_TRUE(*engine.Supports(window, shape, DType::kBF16));
+  s = engine.cache_stats();
+  EXPECT_EQ(s.entries, 2);
+  EXPECT_EQ(s.evictions, 1);
+  EXPECT_EQ(allocs, frees);
+  auto ws = engine.WorkspaceBytes(dense, shape, DType::kBF16);
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  EXPECT_GE(*ws, 0);
+}
+
+TEST(CudnnSdpaEngineTest, UncoveredCaseIsUnimplementedAndBadPointerInvalid) {
+  GET_ENGINE_OR_SKIP(engine);
+  const AttentionShape shape{1, 256, 2, 2, 64};
+  DevBuf buf(1 << 20);
+  ASSERT_NE(buf.p, nullptr);
+  char* base = static_cast<char*>(buf.p);
+  AttentionSpec dilated;
+  dilated.pattern = DilatedSpec{{128}, {2}};
+  absl::Status st = engine->Forward(dilated, shape, DType::kBF16, base, base, base, base,
+                                    reinterpret_cast<float*>(base), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  st = engine->Forward(AttentionSpec{}, shape, DType::kF32, base, base, base, base,
+                       reinterpret_cast<float*>(base), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  st = engine->Forward(AttentionSpec{}, shape, DType::kBF16, base + 2, base, base, base,
+                       reinterpret_cast<float*>(base), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  st = engine->Forward(AttentionSpec{}, shape, DType::kBF16, base, base, base, base, nullptr,
+                       nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+}
+
+TEST(CudnnSdpaEngineTest, BadDeviceIsInvalidArgument) {
+  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";
+  CudnnSdpa::Options opt;
+  opt.device = GpuCount();
+  EXPECT_EQ(CudnnSdpa::Create(opt).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudnnSdpaEngineTest, TimingHelperRuns) {
+  GET_ENGINE_OR_SKIP(engine);
+  const AttentionShape shape{1, 2048, 8, 8, 128};
+  const size_t qkv = static_cast<size_t>(shape.tokens * shape.q_heads * shape.head_dim) * 2;
+  DevBuf q(qkv), k(qkv), v(qkv), o(qkv), lse(shape.q_heads * shape.tokens * sizeof(float));
+  ASSERT_TRUE(q.p && k.p && v.p && o.p && lse.p);
+  // Small finite values (bf16 0x3C00 pattern = 0.0078125) so the timing runs on real numbers.
+  ASSERT_EQ(cudaMemset(q.p, 0x3C, qkv), cudaSuccess);
+  ASSERT_EQ(cudaMemset(k.p, 0x3C, qkv), cudaSuccess);
+  ASSERT_EQ(cudaMemset(v.p, 0x3C, qkv), cudaSuccess);
+  AttentionSpec spec;
+  spec.causal = true;
+  auto ms = TimeCudnnSdpaMs(*engine, spec, shape, DType::kBF16, q.p, k.p, v.p, o.p,
+                            static_cast<float*>(lse.p), nullptr, 2, 5);
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  EXPECT_GT(*ms, 0);
+  const double flops =
+      4.0 * shape.q_heads * shape.head_dim * (shape.tokens * (shape.tokens + 1) / 2.0);
+  std::printf("causal N=2048 Hq=8 D=128 bf16: %.3f ms, %.1f TFLOP/s\n", *ms, flops / (*ms * 1e9));
+}
+
+// Throughput on long sequences, for the dispatch notes (run with
+// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'). FLOPs = 4 * D * admitted pairs
+// summed over batch and query heads (causal and window count only the kept pairs).
+TEST(CudnnSdpaEngineTest, DISABLED_Throughput) {
+  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";
+  const int64_t n = 16384;
+  auto pairs = [&](const AttentionSpec& spec) {
+    double total = 0;
+    const int64_t w = std::holds_alternative<WindowSpec>(spec.pattern)
+                          ? std::get<WindowSpec>(spec.pattern).size
+                          : n;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t lo = std::max<int64_t>(0, i - w);
+      const int64_t hi = spec.causal ? i : std::min<int64_t>(n - 1, i + w);
+      total += static_cast<double>(hi - lo + 1);
+    }
+    return total;
+  };
+  for (bool shared : {true, false}) {
+    CudnnSdpa::Options opt;
+    opt.share_kernels_across_shapes = shared;
+    auto created = CudnnSdpa::Create(opt);
+    if (absl::IsUnavailable(created.status())) GTEST_SKIP() << created.status();
+    ASSERT_TRUE(created.ok()) << created.status();
+    CudnnSdpa& engine = **created;
+    for (int64_t d : {64, 128}) {
+      const size_t bytes = static_cast<size_t>(n * 16 * d) * 2;
+      DevBuf q(bytes), k(bytes), v(bytes), o(bytes), lse(16 * n * sizeof(float));
+      ASSERT_TRUE(q.p && k.p && v.p && o.p && lse.p);
+      for (void* p : {q.p, k.p, v.p}) ASSERT_EQ(cudaMemset(p, 0x3C, bytes), cudaSuccess);
+      std::vector<std::pair<std::string, AttentionSpec>> specs;
+      AttentionSpec s;
+      specs.push_back({"dense", s});
+      s.causal = true;
+      specs.push_back({"causal", s});
+      for (int64_t w : {256, 4096}) {
+        s.pattern = WindowSpec{w};
+        s.causal = true;
+        specs.push_back({absl::StrCat("window", w, "_causal"), s});
+        s.causal = false;
+        specs.push_back({absl::StrCat("window", w), s});
+      }
+      for (const auto& [name, spec] : specs) {
+        // Two shapes of one structure: the second shows what a new N costs to build.
+        for (int64_t tokens : {n - 512, n}) {
+          const AttentionShape shape{1, tokens, 16, 16, d};
+          const double b0 = engine.cache_stats().build_seconds;
+          auto ok = engine.Supports(spec, shape, DType::kBF16);
+          const double build_ms = 1e3 * (engine.cache_stats().build_seconds - b0);
+          if (!ok.ok() || !*ok) {
+            std::printf("%s N=%lld D=%lld %-18s unsupported (build %.0f ms)\n",
+                        shared ? "shared " : "special", static_cast<long long>(tokens),
+                        static_cast<long long>(d), name.c_str(), build_ms);
+            continue;
+          }
+          if (tokens != n) {
+            std::printf("%s N=%lld D=%lld %-18s build %.0f ms\n", shared ? "shared " : "special",
+                        static_cast<long long>(tokens), static_cast<long long>(d), name.c_str(),
+                        build_ms);
+            continue;
+          }
+          auto ms = TimeCudnnSdpaMs(engine, spec, shape, DType::kBF16, q.p, k.p, v.p, o.p,
+                                    static_cast<float*>(lse.p), nullptr, 3, 10);
+          ASSERT_TRUE(ms.ok()) << ms.status();
+          const double flops = 4.0 * shape.q_heads * d * pairs(spec);
+          std::printf("%s N=%lld D=%lld %-18s build %.0f ms, %8.3f ms %7.1f TFLOP/s\n",
+                      shared ? "shared " : "special", static_cast<long long>(tokens),
+                      static_cast<long long>(d), name.c_str(), build_ms, *ms, flops / (*ms * 1e9));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnserve
