@@ -34,7 +34,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxKeysPerTile = 256;
 
 using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstTile = Eigen::Map<const RowMajorF>;
+// Query, key and value rows are read in place from row-major buffers whose rows may be further
+// apart than D (a ring shard holds every head of a row): GEMMs pack their operands anyway.
+using ConstTile = Eigen::Map<const RowMajorF, 0, Eigen::OuterStride<>>;
 using Tile = Eigen::Map<RowMajorF>;
 
 // Flush-to-zero / denormals-are-zero for the duration of a work item: masked and far-below-max
@@ -64,7 +66,7 @@ class ScopedFlushDenormals {
 using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
 
 // Per-thread scratch of the tiled core, grown on demand and reused across work items and runs,
-// so the inner loop never allocates. Bounded by block_size x (kMaxKeysPerTile + D) floats.
+// so the inner loop never allocates. Bounded by rows x (max(kMaxKeysPerTile, key tile) + D) floats.
 struct TileScratch {
   AlignedFloats s;      // (rows, keys) scores, then probabilities
   AlignedFloats o;      // (rows, D) unnormalised output accumulator
@@ -72,9 +74,9 @@ struct TileScratch {
   AlignedFloats l;      // (rows) running softmax denominator relative to m
   AlignedFloats alpha;  // (rows) rescale factor of the previous accumulator
 
-  void Reserve(int64_t rows, int64_t d) {
+  void Reserve(int64_t rows, int64_t keys, int64_t d) {
     const auto r = static_cast<size_t>(rows);
-    if (s.size() < r * kMaxKeysPerTile) s.resize(r * kMaxKeysPerTile);
+    if (s.size() < r * keys) s.resize(r * keys);
     if (o.size() < r * static_cast<size_t>(d)) o.resize(r * d);
     if (m.size() < r) {
       m.resize(r);
@@ -89,8 +91,8 @@ TileScratch& ThreadScratch() {
   return scratch;
 }
 
-// One (batch, head) slice of contiguous float32 rows: what the tiled core reads. Position p of
-// the slice is row p of q/k/v. `q` already carries the softmax scale.
+// One (batch, head) slice of contiguous float32 rows: what the square-layout paths read. Position
+// p of the slice is row p of q/k/v. `q` already carries the softmax scale.
 struct HeadSlice {
   const float* q;  // (n, D)
   const float* k;  // (n, D)
@@ -99,30 +101,54 @@ struct HeadSlice {
   int64_t d;       // head dim
 };
 
-// Result of one query block: rows of normalised O and their LSE, in the thread's scratch.
+// Result of one query tile: rows of normalised O and their LSE, in the thread's scratch (valid
+// until the thread's next tile).
 struct BlockResult {
   const float* o;    // (rows, D), row stride D
   const float* lse;  // (rows)
-  int64_t first_row;
   int64_t rows;
 };
 
-// Sets the entries of one block's columns that the mask does not admit to `value` (-inf on the
+// Everything the tile kernel reads for one query tile: its rows, the key/value rows it may visit,
+// and its CSR row of kept key tiles. Positions are GLOBAL sequence positions (masks are evaluated
+// on them); rows are addressed relative to the pointers. Square layouts, dilated segments and ring
+// pieces all reduce to this.
+struct QueryTile {
+  const float* q;          // (rows, D), row stride q_stride
+  int64_t q_stride;        // floats between consecutive query rows
+  int64_t rows;            // query rows of the tile
+  int64_t q_pos;           // position of query row 0
+  const float* k;          // key row 0 of the key axis, row stride kv_stride
+  const float* v;          // value row 0, row stride kv_stride
+  int64_t kv_stride;       // floats between consecutive key/value rows
+  int64_t k_len;           // key rows that exist; kept tiles at or past NumBlocks(k_len, tile) are
+                           // ignored (dilated segments use a longer dense layout as a prefix)
+  int64_t k_pos;           // position of key row 0
+  int64_t d;               // head dim
+  int64_t tile;            // keys per key tile (the last may be short)
+  float scale;             // applied to Q K^T (1 when q already carries it)
+  const int32_t* col_idx;  // kept key tiles, ascending
+  const BlockMask* mask;   // one per kept tile
+  int64_t entries;         // kept tiles
+  const IntervalRule* rule;  // what kPartial tiles evaluate
+};
+
+// Sets the entries of one key tile's columns that its mask does not admit to `value` (-inf on the
 // scores before the softmax; 0 on the probabilities after it, because the vectorised exp maps
-// -inf to a tiny positive value, not to 0). Every rule a layout uses admits one interval of keys
-// per query ([q - window, q + window] clipped by causal), so a mask is two contiguous fills per
-// row, never a per-element predicate. [k_lo, k_hi) are the block's keys and `col0` their first
-// column in the (rows, ld) tile.
-void FillOutsideMask(BlockMask kind, const TokenRule& rule, int64_t q0, int64_t rows,
+// -inf to a tiny positive value, not to 0). Every rule admits one interval of keys per query
+// (IntervalRule), so a mask is two contiguous fills per row, never a per-element predicate.
+// [k_lo, k_hi) are the tile's key positions and `col0` their first column in the (rows, ld) tile.
+void FillOutsideMask(BlockMask kind, const IntervalRule& rule, int64_t q_pos, int64_t rows,
                      int64_t k_lo, int64_t k_hi, float* tile, int64_t ld, int64_t col0,
                      float value) {
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t qpos = q0 + r;
+    const int64_t qpos = q_pos + r;
     int64_t lo = k_lo, hi = k_hi;  // admissible keys [lo, hi)
-    if (kind == BlockMask::kCausalDiagonal || rule.causal) hi = std::min(hi, qpos + 1);
-    if (kind == BlockMask::kPartial && rule.window) {
-      lo = std::max(lo, qpos - *rule.window);
-      hi = std::min(hi, qpos + *rule.window + 1);
+    if (kind == BlockMask::kCausalDiagonal) {
+      hi = std::min(hi, qpos + 1);
+    } else {
+      lo = std::max(lo, rule.Lo(qpos));
+      hi = std::min(hi, rule.Hi(qpos) + 1);
     }
     float* row = tile + r * ld + col0;
     if (hi <= lo) {
@@ -134,51 +160,51 @@ void FillOutsideMask(BlockMask kind, const TokenRule& rule, int64_t q0, int64_t 
   }
 }
 
-// The tiled online softmax for query block `qb` of `layout` over `in`: walks the block's kept key
-// blocks, merging runs of consecutive blocks into score tiles of up to kMaxKeysPerTile keys.
-// Per tile: S = Q K^T (GEMM), mask only the kCausalDiagonal / kPartial blocks of the run,
-// running max / denominator update, O = alpha * O + P V (GEMM). Rows with no admissible key end
-// with O = 0 and LSE = -inf.
-BlockResult AttendQueryBlock(const BlockLayout& layout, int64_t qb, const HeadSlice& in,
-                             TileScratch& t) {
-  const int64_t bs = layout.block_size;
+// The tiled online softmax of one query tile: walks its kept key tiles, merging runs of adjacent
+// tiles into score tiles of up to kMaxKeysPerTile keys (at least one tile). Per score tile:
+// S = scale * Q K^T (GEMM), mask only the kCausalDiagonal / kPartial tiles of the run, running
+// max / denominator update, O = alpha * O + P V (GEMM). Rows with no admissible key end with
+// O = 0 and LSE = -inf.
+BlockResult AttendQueryTile(const QueryTile& in, TileScratch& t) {
   const int64_t d = in.d;
-  const int64_t q0 = qb * bs;
-  const int64_t rows = std::min(bs, in.n - q0);
-  const int64_t key_blocks = NumBlocks(in.n, bs);
-  t.Reserve(bs, d);
+  const int64_t tile = in.tile;
+  const int64_t rows = in.rows;
+  const int64_t key_tiles = NumBlocks(in.k_len, tile);
+  t.Reserve(rows, std::max(kMaxKeysPerTile, tile), d);
 
   Tile o_acc(t.o.data(), rows, d);
   o_acc.setZero();
   std::fill_n(t.m.data(), rows, kNegInf);
   std::fill_n(t.l.data(), rows, 0.f);
-  const ConstTile q_tile(in.q + q0 * d, rows, d);  // (rows, D)
+  const ConstTile q_tile(in.q, rows, d, Eigen::OuterStride<>(in.q_stride));  // (rows, D)
 
-  const int64_t e_end = layout.row_ptr[qb + 1];
-  for (int64_t e = layout.row_ptr[qb]; e < e_end;) {
-    const int64_t j0 = layout.col_idx[e];
-    if (j0 >= key_blocks) break;  // columns ascend: the rest lie past this slice's prefix
-    // Extend the run while the next kept block is adjacent and the tile has room.
+  for (int64_t e = 0; e < in.entries;) {
+    const int64_t j0 = in.col_idx[e];
+    if (j0 >= key_tiles) break;  // columns ascend: the rest lie past the key rows
+    // Extend the run while the next kept tile is adjacent and the score tile has room.
     int64_t e_last = e;
-    while (e_last + 1 < e_end && layout.col_idx[e_last + 1] == layout.col_idx[e_last] + 1 &&
-           layout.col_idx[e_last + 1] < key_blocks &&
-           (layout.col_idx[e_last + 1] - j0 + 1) * bs <= kMaxKeysPerTile) {
+    while (e_last + 1 < in.entries && in.col_idx[e_last + 1] == in.col_idx[e_last] + 1 &&
+           in.col_idx[e_last + 1] < key_tiles &&
+           (in.col_idx[e_last + 1] - j0 + 1) * tile <= kMaxKeysPerTile) {
       ++e_last;
     }
-    const int64_t k0 = j0 * bs;
-    const int64_t k1 = std::min<int64_t>((layout.col_idx[e_last] + 1) * bs, in.n);
+    const int64_t k0 = j0 * tile;  // key rows [k0, k1) of the run
+    const int64_t k1 = std::min<int64_t>((in.col_idx[e_last] + 1) * tile, in.k_len);
     const int64_t cols = k1 - k0;
 
     Tile s(t.s.data(), rows, cols);  // (rows, cols)
-    const ConstTile k_tile(in.k + k0 * d, cols, d);
-    s.noalias() = q_tile * k_tile.transpose();
+    const ConstTile k_tile(in.k + k0 * in.kv_stride, cols, d,
+                           Eigen::OuterStride<>(in.kv_stride));  // (cols, D)
+    // The scalar folds into the GEMM's alpha (Eigen's blas_traits), so scaling costs nothing.
+    s.noalias() = (in.scale * q_tile) * k_tile.transpose();
 
     bool masked = false;
     for (int64_t x = e; x <= e_last; ++x) {
-      if (layout.mask[x] == BlockMask::kFull) continue;
+      if (in.mask[x] == BlockMask::kFull) continue;
       masked = true;
-      const int64_t b_lo = static_cast<int64_t>(layout.col_idx[x]) * bs;
-      FillOutsideMask(layout.mask[x], layout.rule, q0, rows, b_lo, std::min(b_lo + bs, in.n),
+      const int64_t b_lo = static_cast<int64_t>(in.col_idx[x]) * tile;
+      const int64_t b_hi = std::min(b_lo + tile, in.k_len);
+      FillOutsideMask(in.mask[x], *in.rule, in.q_pos, rows, in.k_pos + b_lo, in.k_pos + b_hi,
                       s.data(), cols, b_lo - k0, kNegInf);
     }
 
@@ -195,9 +221,10 @@ BlockResult AttendQueryBlock(const BlockLayout& layout, int64_t qb, const HeadSl
     }
     if (masked) {
       for (int64_t x = e; x <= e_last; ++x) {
-        if (layout.mask[x] == BlockMask::kFull) continue;
-        const int64_t b_lo = static_cast<int64_t>(layout.col_idx[x]) * bs;
-        FillOutsideMask(layout.mask[x], layout.rule, q0, rows, b_lo, std::min(b_lo + bs, in.n),
+        if (in.mask[x] == BlockMask::kFull) continue;
+        const int64_t b_lo = static_cast<int64_t>(in.col_idx[x]) * tile;
+        const int64_t b_hi = std::min(b_lo + tile, in.k_len);
+        FillOutsideMask(in.mask[x], *in.rule, in.q_pos, rows, in.k_pos + b_lo, in.k_pos + b_hi,
                         s.data(), cols, b_lo - k0, 0.f);
       }
     }
@@ -206,7 +233,8 @@ BlockResult AttendQueryBlock(const BlockLayout& layout, int64_t qb, const HeadSl
       t.l[r] = t.l[r] * a + s.row(r).sum();
       if (a != 1.f) o_acc.row(r) *= a;
     }
-    const ConstTile v_tile(in.v + k0 * d, cols, d);
+    const ConstTile v_tile(in.v + k0 * in.kv_stride, cols, d,
+                           Eigen::OuterStride<>(in.kv_stride));  // (cols, D)
     o_acc.noalias() += s * v_tile;
     e = e_last + 1;
   }
@@ -221,7 +249,32 @@ BlockResult AttendQueryBlock(const BlockLayout& layout, int64_t qb, const HeadSl
       t.alpha[r] = t.m[r] + std::log(t.l[r]);
     }
   }
-  return BlockResult{t.o.data(), t.alpha.data(), q0, rows};
+  return BlockResult{t.o.data(), t.alpha.data(), rows};
+}
+
+// Query block `qb` of a square layout over one contiguous (n, D) head slice (q pre-scaled),
+// positions 0..n-1 on both axes.
+QueryTile SquareQueryTile(const BlockLayout& layout, const IntervalRule& rule, int64_t qb,
+                          const HeadSlice& in) {
+  const int64_t bs = layout.block_size;
+  const int64_t q0 = qb * bs;
+  const int64_t e0 = layout.row_ptr[qb];
+  return QueryTile{.q = in.q + q0 * in.d,
+                   .q_stride = in.d,
+                   .rows = std::min(bs, in.n - q0),
+                   .q_pos = q0,
+                   .k = in.k,
+                   .v = in.v,
+                   .kv_stride = in.d,
+                   .k_len = in.n,
+                   .k_pos = 0,
+                   .d = in.d,
+                   .tile = bs,
+                   .scale = 1.f,
+                   .col_idx = layout.col_idx.data() + e0,
+                   .mask = layout.mask.data() + e0,
+                   .entries = layout.row_ptr[qb + 1] - e0,
+                   .rule = &rule};
 }
 
 // Copies `n` float32 values into a `dtype` buffer at element offset `offset`.
@@ -371,6 +424,7 @@ absl::Status RunLayout(const AttentionShape& s, const BlockLayout& layout, const
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t bh_count = s.batch * Hq;
   const int64_t nqb = layout.num_blocks;
+  const IntervalRule rule = ToIntervalRule(layout.rule);
   return RunItems(options, nqb * bh_count, [&](int64_t i) {
     const int64_t qb = nqb - 1 - i / bh_count;
     const int64_t bh = i % bh_count;
@@ -378,12 +432,12 @@ absl::Status RunLayout(const AttentionShape& s, const BlockLayout& layout, const
     const int64_t kv = b * s.kv_heads + h / group;
     const HeadSlice in{ws.q.data_as<float>() + bh * N * D, ws.k.data_as<float>() + kv * N * D,
                        ws.v.data_as<float>() + kv * N * D, N, D};
-    const BlockResult res = AttendQueryBlock(layout, qb, in, ThreadScratch());
+    const int64_t q0 = qb * layout.block_size;
+    const BlockResult res = AttendQueryTile(SquareQueryTile(layout, rule, qb, in), ThreadScratch());
     for (int64_t r = 0; r < res.rows; ++r) {
-      StoreRow(res.o + r * D, D, o, ((b * N + res.first_row + r) * Hq + h) * D);
+      StoreRow(res.o + r * D, D, o, ((b * N + q0 + r) * Hq + h) * D);
     }
-    std::memcpy(lse.data_as<float>() + bh * N + res.first_row, res.lse,
-                res.rows * sizeof(float));
+    std::memcpy(lse.data_as<float>() + bh * N + q0, res.lse, res.rows * sizeof(float));
   });
 }
 
@@ -415,6 +469,8 @@ absl::Status RunDilated(const AttentionShape& s, const CompiledPattern& compiled
     own_layout = DenseLayout(longest, bs, causal);
     seg_layout = &own_layout;
   }
+
+  const IntervalRule seg_rule = ToIntervalRule(seg_layout->rule);
 
   ATTN_ASSIGN_OR_RETURN(HostTensor acc_o,
                         HostTensor::Create(DType::kF32, {B, Hq, N, D}, options.tracker));
@@ -461,9 +517,10 @@ absl::Status RunDilated(const AttentionShape& s, const CompiledPattern& compiled
       float* acc_bh = acc + (b * Hq + h) * N * D;
       float* lse_bh = acc_lse + (b * Hq + h) * N;
       for (int64_t qb = 0; qb < NumBlocks(len, bs); ++qb) {
-        const BlockResult res = AttendQueryBlock(*seg_layout, qb, in, ThreadScratch());
+        const BlockResult res =
+            AttendQueryTile(SquareQueryTile(*seg_layout, seg_rule, qb, in), ThreadScratch());
         for (int64_t r = 0; r < res.rows; ++r) {
-          const int64_t p = pos[res.first_row + r];
+          const int64_t p = pos[qb * bs + r];
           MergePartialRows(1, D, acc_bh + p * D, D, lse_bh + p, 1, res.o + r * D, D,
                            res.lse + r, 1);
         }
@@ -539,6 +596,62 @@ absl::Status CheckDilatedPlan(const DilatedPlan& plan, const AttentionShape& s) 
   return absl::OkStatus();
 }
 
+// The piece's layout may come from anywhere (the ring builds one per step): every index the kernel
+// follows and every buffer row it touches is checked first, in O(query tiles + kept tiles).
+absl::Status CheckPiece(const RectLayout& l, const CpuPieceArgs& a) {
+  if (l.tile < 1 || l.q_len < 0 || l.k_len < 0 ||
+      static_cast<int64_t>(l.row_ptr.size()) != l.num_q_tiles() + 1 ||
+      l.mask.size() != l.col_idx.size() || l.row_ptr.front() != 0 ||
+      l.row_ptr.back() != l.kept_tiles()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: not a CSR over ", l.num_q_tiles(), " query tiles of ", l.tile, " (row_ptr has ",
+        l.row_ptr.size(), " entries, col_idx ", l.col_idx.size(), ", mask ", l.mask.size(), ")"));
+  }
+  for (int64_t i = 0; i < l.num_q_tiles(); ++i) {
+    if (l.row_ptr[i + 1] < l.row_ptr[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout.row_ptr[", i + 1, "]: must be non-decreasing"));
+    }
+    for (int64_t e = l.row_ptr[i]; e < l.row_ptr[i + 1]; ++e) {
+      if (l.col_idx[e] < 0 || l.col_idx[e] >= l.num_k_tiles() ||
+          (e > l.row_ptr[i] && l.col_idx[e] <= l.col_idx[e - 1])) {
+        return absl::InvalidArgumentError(absl::StrCat("layout.col_idx[", e, "]: ", l.col_idx[e],
+                                                       " must be in [0, ", l.num_k_tiles(),
+                                                       ") and ascend within its row"));
+      }
+    }
+  }
+  if (a.batch < 1 || a.head_dim < 1 || a.q_heads < 1 || a.kv_heads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("args: batch, head_dim, q_heads and kv_heads must be >= 1, got ", a.batch,
+                     ", ", a.head_dim, ", ", a.q_heads, ", ", a.kv_heads));
+  }
+  if (a.q_row0 < 0 || a.q_row0 + l.q_len > a.q_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("args.q_row0: rows [", a.q_row0, ", ",
+                                                   a.q_row0 + l.q_len, ") of the layout's queries",
+                                                   " must lie in the buffer's ", a.q_rows));
+  }
+  if (a.k_row0 < 0 || a.k_row0 + l.k_len > a.kv_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("args.k_row0: rows [", a.k_row0, ", ",
+                                                   a.k_row0 + l.k_len, ") of the layout's keys",
+                                                   " must lie in the buffer's ", a.kv_rows));
+  }
+  for (size_t i = 0; i < a.heads.size(); ++i) {
+    const HeadPair& hp = a.heads[i];
+    if (hp.q_head < 0 || hp.q_head >= a.q_heads || hp.kv_head < 0 || hp.kv_head >= a.kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("args.heads[", i, "]: (", hp.q_head, ", ",
+                                                     hp.kv_head, ") must lie in [0, ", a.q_heads,
+                                                     ") x [0, ", a.kv_heads, ")"));
+    }
+  }
+  if (l.kept_tiles() > 0 && !a.heads.empty() &&
+      (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.acc_o == nullptr ||
+       a.acc_lse == nullptr)) {
+    return absl::InvalidArgumentError("args: q, k, v, acc_o and acc_lse must be set");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CpuAttentionInto(const AttentionSpec& spec, const CompiledPattern& compiled,
@@ -594,6 +707,55 @@ absl::StatusOr<AttentionOutputs> CpuAttention(const AttentionSpec& spec, const H
   ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
                         CompilePattern(spec, s.tokens, s.q_heads, options.compile));
   return CpuAttentionCompiled(spec, compiled, q, k, v, options);
+}
+
+absl::Status CpuAttentionPiece(const AttentionSpec& spec, const RectLayout& layout,
+                               const CpuPieceArgs& args, const CpuRunOptions& options) {
+  ATTN_RETURN_IF_ERROR(CheckPiece(layout, args));
+  // Work items are (batch, head pair, query tile) over the query tiles with kept tiles only: a
+  // ring piece is often a thin band, and idle items would still cost a pool hand-out each.
+  std::vector<int64_t> tiles;
+  for (int64_t qt = 0; qt < layout.num_q_tiles(); ++qt) {
+    if (layout.row_ptr[qt + 1] > layout.row_ptr[qt]) tiles.push_back(qt);
+  }
+  const int64_t per_bh = static_cast<int64_t>(tiles.size());
+  const int64_t heads = static_cast<int64_t>(args.heads.size());
+  if (per_bh == 0 || heads == 0) return absl::OkStatus();
+  const int64_t D = args.head_dim;
+  const int64_t tile = layout.tile;
+  const int64_t q_stride = args.q_heads * D;
+  const int64_t kv_stride = args.kv_heads * D;
+  const float scale = EffectiveScale(spec, D);
+  return RunItems(options, args.batch * heads * per_bh, [&](int64_t i) {
+    const int64_t qt = tiles[i % per_bh];
+    const int64_t bh = i / per_bh;
+    const int64_t b = bh / heads;
+    const HeadPair& hp = args.heads[bh % heads];
+    const int64_t row0 = args.q_row0 + qt * tile;  // buffer row of the tile's first query
+    const int64_t e0 = layout.row_ptr[qt];
+    const int64_t kv_off = ((b * args.kv_rows + args.k_row0) * args.kv_heads + hp.kv_head) * D;
+    const QueryTile in{.q = args.q + ((b * args.q_rows + row0) * args.q_heads + hp.q_head) * D,
+                       .q_stride = q_stride,
+                       .rows = std::min(tile, layout.q_len - qt * tile),
+                       .q_pos = layout.q_begin + qt * tile,
+                       .k = args.k + kv_off,
+                       .v = args.v + kv_off,
+                       .kv_stride = kv_stride,
+                       .k_len = layout.k_len,
+                       .k_pos = layout.k_begin,
+                       .d = D,
+                       .tile = tile,
+                       .scale = scale,
+                       .col_idx = layout.col_idx.data() + e0,
+                       .mask = layout.mask.data() + e0,
+                       .entries = layout.row_ptr[qt + 1] - e0,
+                       .rule = &layout.rule};
+    const BlockResult res = AttendQueryTile(in, ThreadScratch());
+    MergePartialRows(res.rows, D,
+                     args.acc_o + ((b * args.q_rows + row0) * args.q_heads + hp.q_head) * D,
+                     q_stride, args.acc_lse + (b * args.q_heads + hp.q_head) * args.q_rows + row0,
+                     1, res.o, D, res.lse, 1);
+  });
 }
 
 }  // namespace attnserve

@@ -1,14 +1,22 @@
 // The CPU backend: tiled online softmax over the compiled BlockLayout, float32 accumulation, tile
 // GEMMs through Eigen, spread over a thread pool. Executes the same layout the GPU kernels run.
+//
+// Two entry points share one tile kernel (one query tile against a run of kept key tiles, masks on
+// global positions, online softmax): whole computations over a square BlockLayout
+// (CpuAttention*), and rectangular pieces over a RectLayout merged into float32 accumulators with
+// the LSE rule (CpuAttentionPiece, what a ring step runs).
 #ifndef ATTNSERVE_CORE_CPU_CPU_BACKEND_H_
 #define ATTNSERVE_CORE_CPU_CPU_BACKEND_H_
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/spec/attention_spec.h"
 #include "core/spec/pattern_compiler.h"
+#include "core/spec/rect_layout.h"
 #include "core/tensor/tensor.h"
 #include "core/util/thread_pool.h"
 
@@ -44,6 +52,48 @@ absl::StatusOr<AttentionOutputs> CpuAttentionCompiled(const AttentionSpec& spec,
 absl::Status CpuAttentionInto(const AttentionSpec& spec, const CompiledPattern& compiled,
                               const HostTensor& q, const HostTensor& k, const HostTensor& v,
                               const CpuRunOptions& options, HostTensor& o, HostTensor& lse);
+
+// A query head and the key/value head it reads, as head indices into a piece's buffers.
+struct HeadPair {
+  int32_t q_head = 0;
+  int32_t kv_head = 0;
+};
+
+// The buffers of one piece: float32, row-major [B, rows, heads, D] (the "shard" layout a ring rank
+// holds). Nothing is owned; every pointer must stay valid for the call.
+struct CpuPieceArgs {
+  int64_t batch = 0;
+  int64_t head_dim = 0;
+
+  const float* q = nullptr;  // [B, q_rows, q_heads, D], unscaled (the spec's scale is applied)
+  int64_t q_rows = 0;
+  int64_t q_heads = 0;
+  int64_t q_row0 = 0;  // buffer row of the layout's first query (position layout.q_begin)
+
+  const float* k = nullptr;  // [B, kv_rows, kv_heads, D]
+  const float* v = nullptr;  // same shape as k
+  int64_t kv_rows = 0;
+  int64_t kv_heads = 0;
+  int64_t k_row0 = 0;  // buffer row of the layout's first key (position layout.k_begin)
+
+  // Heads to compute. Each q_head at most once: work items of different pairs write the same
+  // accumulator rows otherwise.
+  std::span<const HeadPair> heads;
+
+  // Merged into with the LSE rule, only at the layout's query rows [q_row0, q_row0 + q_len).
+  // Fresh accumulators start at O = 0, LSE = -inf.
+  float* acc_o = nullptr;    // [B, q_rows, q_heads, D]
+  float* acc_lse = nullptr;  // [B, q_heads, q_rows]
+};
+
+// Attention of the layout's query rows against its key rows, masks on the layout's GLOBAL
+// positions, at EffectiveScale(spec, head_dim); the result of every (batch, head pair, query row)
+// is LSE-merged into the accumulators, so calling this once per key piece (in any order) yields
+// the attention over the union of the pieces. Query rows with no kept tile are left untouched.
+// Uses options.pool and options.cancel (CANCELLED between tiles); INVALID_ARGUMENT when the layout
+// or the buffers do not fit each other.
+absl::Status CpuAttentionPiece(const AttentionSpec& spec, const RectLayout& layout,
+                               const CpuPieceArgs& args, const CpuRunOptions& options = {});
 
 }  // namespace attnserve
 

@@ -9,14 +9,18 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/reference/reference.h"
 #include "core/spec/pattern_compiler.h"
+#include "core/spec/rect_layout.h"
 #include "core/util/thread_pool.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
@@ -384,6 +388,178 @@ TEST(CpuBackendTest, WrongShapesAndDtypesAreInvalidArgument) {
   auto few_heads = *CompilePattern(dil, 256, 2);
   out = CpuAttentionCompiled(dil, few_heads, q, k3, k3);
   EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pieces: rectangular (query range x key range) parts merged with the LSE rule.
+
+// Runs `spec` on [B, N, H, D] f32 inputs as a grid of pieces — query ranges against key ranges
+// cut at `cuts` — and returns the merged accumulators as (O, LSE). Queries are read in place
+// (q_row0 = the range's start); each key range is copied into a buffer of its own behind
+// `kPad` rows of NaN, so a wrong k_row0 or a key read outside the range shows in the result.
+struct PieceRun {
+  absl::Status status;
+  HostTensor o;    // [B, N, Hq, D] f32
+  HostTensor lse;  // [B, Hq, N]
+};
+PieceRun RunPieces(const AttentionSpec& spec, const testing::QkvInputs& in,
+                   const std::vector<int64_t>& cuts, int32_t tile, ThreadPool* pool) {
+  constexpr int64_t kPad = 3;
+  const int64_t B = in.q.dim(0), N = in.q.dim(1), Hq = in.q.dim(2), Hkv = in.k.dim(2),
+                D = in.q.dim(3);
+  PieceRun run{absl::OkStatus(), HostTensor::Create(DType::kF32, {B, N, Hq, D}).value(),
+               HostTensor::Create(DType::kF32, {B, Hq, N}).value()};
+  std::fill_n(run.o.data_as<float>(), run.o.numel(), 0.f);
+  std::fill_n(run.lse.data_as<float>(), run.lse.numel(), -INFINITY);
+  std::vector<HeadPair> heads;
+  for (int64_t h = 0; h < Hq; ++h) {
+    heads.push_back({static_cast<int32_t>(h), static_cast<int32_t>(h / (Hq / Hkv))});
+  }
+  const auto* dilated = std::get_if<DilatedSpec>(&spec.pattern);
+  std::vector<int64_t> segments;  // rate-1 dilated: segments of the identity positions
+  if (dilated != nullptr) {
+    for (int64_t x = 0; x < N; x += dilated->segment_lengths[0]) segments.push_back(x);
+    segments.push_back(N);
+  }
+  IntervalRule rule;
+  rule.causal = spec.causal;
+  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) rule.window = w->size;
+  if (dilated != nullptr) rule.segment_starts = &segments;
+  std::optional<BlockLayout> global;
+  if (std::holds_alternative<BlockSparseSpec>(spec.pattern)) {
+    global = CompileBlockLayout(spec, N).value();
+  }
+  CpuRunOptions options;
+  options.pool = pool;
+  for (size_t a = 0; a + 1 < cuts.size(); ++a) {
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      const int64_t k0 = cuts[c], k1 = cuts[c + 1];
+      RectLayout layout;
+      if (global) {
+        auto sliced = SliceBlockLayout(*global, cuts[a], cuts[a + 1], k0, k1);
+        if (!sliced.ok()) {
+          run.status = sliced.status();
+          return run;
+        }
+        layout = *std::move(sliced);
+      } else {
+        layout = RectLayoutFromRule(rule, cuts[a], cuts[a + 1], k0, k1, tile);
+      }
+      const int64_t rows = kPad + (k1 - k0);
+      std::vector<float> kbuf(B * rows * Hkv * D, NAN), vbuf(B * rows * Hkv * D, NAN);
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t x = k0; x < k1; ++x) {
+          for (int64_t e = 0; e < Hkv * D; ++e) {
+            const int64_t dst = (b * rows + kPad + x - k0) * Hkv * D + e;
+            kbuf[dst] = in.k.GetFloat((b * N + x) * Hkv * D + e);
+            vbuf[dst] = in.v.GetFloat((b * N + x) * Hkv * D + e);
+          }
+        }
+      }
+      CpuPieceArgs args;
+      args.batch = B;
+      args.head_dim = D;
+      args.q = in.q.data_as<float>();
+      args.q_rows = N;
+      args.q_heads = Hq;
+      args.q_row0 = cuts[a];
+      args.k = kbuf.data();
+      args.v = vbuf.data();
+      args.kv_rows = rows;
+      args.kv_heads = Hkv;
+      args.k_row0 = kPad;
+      args.heads = heads;
+      args.acc_o = run.o.data_as<float>();
+      args.acc_lse = run.lse.data_as<float>();
+      run.status = CpuAttentionPiece(spec, layout, args, options);
+      if (!run.status.ok()) return run;
+    }
+  }
+  return run;
+}
+
+// Every rule kind the ring cuts into pieces (dense, window, rate-1 dilated segments, block_sparse
+// slices), causal and not, uneven cuts, GQA, a non-default scale: the merged pieces equal the
+// float64 reference, inline and on the pool.
+TEST(CpuPieceTest, MergedPiecesMatchReference) {
+  const uint64_t seed = SeedAndPrint();
+  const AttentionShape shape{2, 211, 4, 2, 32};
+  const auto in = MakeRandomInputs(shape, DType::kF32, seed);
+  std::vector<std::pair<std::string, AttentionSpec>> specs;
+  specs.push_back({"dense", AttentionSpec{}});
+  AttentionSpec window;
+  window.pattern = WindowSpec{13};
+  window.scale = 0.3f;
+  specs.push_back({"window", window});
+  AttentionSpec segments;
+  segments.pattern = DilatedSpec{{50}, {1}};
+  specs.push_back({"segments", segments});
+  AttentionSpec sparse;
+  sparse.pattern = BlockSparseSpec{64, StridedGen{2, 0}};
+  specs.push_back({"block_sparse", sparse});
+  for (auto& [name, base] : specs) {
+    for (bool causal : {false, true}) {
+      AttentionSpec spec = base;
+      spec.causal = causal;
+      SCOPED_TRACE(absl::StrCat(name, " causal=", causal, " seed ", seed));
+      const auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      // Block-sparse pieces must be cut on block boundaries; rule pieces anywhere.
+      const std::vector<int64_t> cuts = std::holds_alternative<BlockSparseSpec>(spec.pattern)
+                                            ? std::vector<int64_t>{0, 64, 192, 211}
+                                            : std::vector<int64_t>{0, 37, 38, 150, 211};
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &Pool()}) {
+        const PieceRun run = RunPieces(spec, in, cuts, /*tile=*/16, pool);
+        ASSERT_TRUE(run.status.ok()) << run.status;
+        EXPECT_TRUE(MatchesReference(*ref, run.o, &run.lse, DType::kF32));
+      }
+    }
+  }
+}
+
+TEST(CpuPieceTest, InvalidLayoutsAndBuffersAreRejected) {
+  const AttentionShape shape{1, 64, 2, 1, 16};
+  const auto in = MakeRandomInputs(shape, DType::kF32, 3);
+  std::vector<float> acc_o(64 * 2 * 16, 0.f), acc_lse(2 * 64, -INFINITY);
+  const std::vector<HeadPair> heads = {{0, 0}, {1, 0}};
+  CpuPieceArgs args;
+  args.batch = 1;
+  args.head_dim = 16;
+  args.q = in.q.data_as<float>();
+  args.q_rows = 64;
+  args.q_heads = 2;
+  args.k = in.k.data_as<float>();
+  args.v = in.v.data_as<float>();
+  args.kv_rows = 64;
+  args.kv_heads = 1;
+  args.heads = heads;
+  args.acc_o = acc_o.data();
+  args.acc_lse = acc_lse.data();
+  const RectLayout good = RectLayoutFromRule(IntervalRule{}, 0, 64, 0, 64, 16);
+  EXPECT_TRUE(CpuAttentionPiece(AttentionSpec{}, good, args).ok());
+
+  RectLayout bad_col = good;
+  bad_col.col_idx.back() = 4;  // only 4 key tiles
+  EXPECT_EQ(CpuAttentionPiece(AttentionSpec{}, bad_col, args).code(),
+            absl::StatusCode::kInvalidArgument);
+  RectLayout bad_rows = good;
+  bad_rows.row_ptr.pop_back();
+  EXPECT_EQ(CpuAttentionPiece(AttentionSpec{}, bad_rows, args).code(),
+            absl::StatusCode::kInvalidArgument);
+  CpuPieceArgs past_end = args;
+  past_end.k_row0 = 1;  // keys [1, 65) of a 64-row buffer
+  EXPECT_EQ(CpuAttentionPiece(AttentionSpec{}, good, past_end).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<HeadPair> bad_heads = {{0, 1}};
+  CpuPieceArgs wrong_head = args;
+  wrong_head.heads = bad_heads;
+  EXPECT_EQ(CpuAttentionPiece(AttentionSpec{}, good, wrong_head).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::atomic<bool> cancel{true};
+  CpuRunOptions cancelled;
+  cancelled.cancel = &cancel;
+  EXPECT_EQ(CpuAttentionPiece(AttentionSpec{}, good, args, cancelled).code(),
+            absl::StatusCode::kCancelled);
 }
 
 TEST(CpuBackendTest, MemoryTrackerReturnsToBaseline) {

@@ -98,7 +98,6 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
   const AttentionShape& s = run->shape_;
   run->spec_ = spec;
   run->dtype_ = q.dtype();
-  run->scale_ = EffectiveScale(spec, s.head_dim);
   run->ranks_ = ranks;
   run->options_ = options;
   run->q_ = &q;
@@ -304,6 +303,10 @@ absl::Status RingRun::RunJob(Communicator& comm, ThreadPool* pool, size_t job_in
         kv_f32, HostTensor::Create(DType::kF32, {2, B, max_kv_rows, hkv, D}, options_.tracker));
   }
 
+  CpuRunOptions piece_options;
+  piece_options.pool = pool;
+  piece_options.cancel = options_.cancel;
+
   const int steps = job.needs_ring ? P : 1;
   for (int t = 0; t < steps; ++t) {
     const int src = (p - t + P) % P;  // whose K/V shard kv_cur holds
@@ -324,10 +327,9 @@ absl::Status RingRun::RunJob(Communicator& comm, ThreadPool* pool, size_t job_in
                        static_cast<size_t>(2 * B * nkv * hkv * D));
       kf = kv_f32.data_as<float>();
     }
-    RingStepArgs args;
+    CpuPieceArgs args;
     args.batch = B;
     args.head_dim = D;
-    args.scale = scale_;
     args.q = q_shard.data_as<float>();
     args.q_rows = nq;
     args.q_heads = hq;
@@ -335,7 +337,7 @@ absl::Status RingRun::RunJob(Communicator& comm, ThreadPool* pool, size_t job_in
     args.v = kf + B * nkv * hkv * D;
     args.kv_rows = nkv;
     args.kv_heads = hkv;
-    args.heads = &job.pairs;
+    args.heads = job.pairs;
     args.acc_o = acc_o.data_as<float>();
     args.acc_lse = acc_lse.data_as<float>();
     int64_t q_row0 = 0;
@@ -357,10 +359,9 @@ absl::Status RingRun::RunJob(Communicator& comm, ThreadPool* pool, size_t job_in
             stats.kept_tiles += layout.kept_tiles();
             stats.admitted_pairs +=
                 layout.AdmittedPairs() * B * static_cast<int64_t>(job.pairs.size());
-            args.layout = &layout;
             args.q_row0 = q_row0;
             args.k_row0 = k_row0;
-            ATTN_RETURN_IF_ERROR(RingStepCpu(args, pool, options_.cancel));
+            ATTN_RETURN_IF_ERROR(CpuAttentionPiece(spec_, layout, args, piece_options));
           }
         }
         k_row0 += kr.size();

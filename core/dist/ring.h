@@ -14,7 +14,8 @@
 //   for block_sparse, whose kept blocks are data: shard boundaries on block boundaries make every
 //   (query shard, key shard) piece a plain slice of the global layout (the last shard ends at N).
 // Every step evaluates masks on GLOBAL positions; a (query chunk, key chunk) piece with no kept
-// tile is skipped without compute.
+// tile is skipped without compute. A piece is a RectLayout run by the CPU backend's own tile
+// kernel (CpuAttentionPiece), so a ring computes exactly what the single-device backend does.
 //
 // Dilated specs run as one job per (branch, head group): the group's positions (those of offset o
 // = h mod r) are gathered into a sequence of their own, and the job is a segment-local (and causal
@@ -43,11 +44,10 @@
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/dist/communicator.h"
-#include "core/dist/rect_layout.h"
-#include "core/dist/ring_step_cpu.h"
 #include "core/spec/attention_spec.h"
 #include "core/spec/block_layout.h"
 #include "core/spec/pattern_compiler.h"
+#include "core/spec/rect_layout.h"
 #include "core/tensor/tensor.h"
 #include "core/util/thread_pool.h"
 
@@ -142,7 +142,6 @@ class RingRun {
   AttentionSpec spec_;
   AttentionShape shape_;
   DType dtype_ = DType::kF32;
-  float scale_ = 0.f;
   int ranks_ = 1;
   RingOptions options_;
   const HostTensor* q_ = nullptr;

@@ -6,12 +6,14 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/reference/reference.h"
+#include "core/spec/pattern_compiler.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
 
@@ -27,6 +29,8 @@ struct NamedSpec {
   std::string name;
   AttentionSpec spec;
   int64_t tokens;  // block_sparse needs a few 64-token blocks per zigzag chunk
+  // Tokens for the P = 8 runs (16 zigzag chunks); 0: `tokens`. Never a multiple of 8.
+  int64_t tokens_p8 = 0;
 };
 
 // Test names and failure messages show the spec's name, not its bytes.
@@ -47,13 +51,18 @@ std::vector<NamedSpec> AllSpecs() {
   out.push_back({"dilated", WithPattern(DilatedSpec{{16, 40, 128}, {1, 2, 4}}), 103});
   const int32_t b = 64;
   const int64_t bs_tokens = 64 * 9 + 21;  // 10 blocks, the last one short
-  out.push_back({"bs_local_window", WithPattern(BlockSparseSpec{b, LocalWindowGen{1}}), bs_tokens});
+  // 20 blocks, the last one short: at P = 8 the 16 zigzag chunks hold one or two blocks each.
+  const int64_t bs_tokens_p8 = 64 * 19 + 21;
+  out.push_back({"bs_local_window", WithPattern(BlockSparseSpec{b, LocalWindowGen{1}}), bs_tokens,
+                 bs_tokens_p8});
+  out.push_back({"bs_dilated_sparse", WithPattern(BlockSparseSpec{b, DilatedSparseGen{{2, 5}}}),
+                 bs_tokens, bs_tokens_p8});
+  out.push_back({"bs_global_local", WithPattern(BlockSparseSpec{b, GlobalLocalGen{1, 1}}),
+                 bs_tokens, bs_tokens_p8});
   out.push_back(
-      {"bs_dilated_sparse", WithPattern(BlockSparseSpec{b, DilatedSparseGen{{2, 5}}}), bs_tokens});
+      {"bs_strided", WithPattern(BlockSparseSpec{b, StridedGen{3, 0}}), bs_tokens, bs_tokens_p8});
   out.push_back(
-      {"bs_global_local", WithPattern(BlockSparseSpec{b, GlobalLocalGen{1, 1}}), bs_tokens});
-  out.push_back({"bs_strided", WithPattern(BlockSparseSpec{b, StridedGen{3, 0}}), bs_tokens});
-  out.push_back({"bs_random", WithPattern(BlockSparseSpec{b, RandomGen{0.3, 17}}), bs_tokens});
+      {"bs_random", WithPattern(BlockSparseSpec{b, RandomGen{0.3, 17}}), bs_tokens, bs_tokens_p8});
   // A caller's layout over 10 blocks: a band, block 0 global, and two far pairs.
   CsrGen csr;
   csr.row_ptr.push_back(0);
@@ -127,6 +136,47 @@ TEST_P(RingSpecTest, MatchesSingleDeviceAndReference) {
   }
 }
 
+// P = 8 in-process ranks (the CPU side of the 8-GPU ring): every spec kind, causal and not, N not
+// divisible by 8, GQA, against the float64 reference; for the layout-defined kinds the ranks'
+// admitted pairs also add up to exactly the global layout's (no piece lost or counted twice).
+TEST_P(RingSpecTest, EightRanksMatchReference) {
+  const NamedSpec& param = GetParam();
+  const uint64_t seed = FreshSeed();
+  const int P = 8;
+  const int64_t tokens = param.tokens_p8 > 0 ? param.tokens_p8 : param.tokens;
+  ASSERT_NE(tokens % P, 0);
+  const AttentionShape shape{1, tokens, 4, 2, 16};
+  for (bool causal : {false, true}) {
+    AttentionSpec spec = param.spec;
+    spec.causal = causal;
+    const DType dtype = causal ? DType::kF32 : DType::kBF16;
+    SCOPED_TRACE(absl::StrCat(param.name, " causal=", causal, " ", ShapeString(shape, dtype),
+                              " seed=", seed));
+    testing::QkvInputs in = MakeRandomInputs(shape, dtype, seed);
+    auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    RingOptions options;
+    options.tile = 8;  // a few tiles per shard, and tiles that straddle no shard boundary
+    std::vector<RingRankStats> stats;
+    auto ring = RingAttentionInProcess(spec, in.q, in.k, in.v, P, options,
+                                       /*threads_per_rank=*/0, &stats);
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    EXPECT_TRUE(MatchesReference(*ref, ring->o, &ring->lse, dtype));
+    ASSERT_EQ(stats.size(), static_cast<size_t>(P));
+    if (std::holds_alternative<DilatedSpec>(spec.pattern)) continue;
+    int64_t total = 0;
+    for (const RingRankStats& st : stats) {
+      EXPECT_EQ(st.steps, P);
+      total += st.admitted_pairs;
+    }
+    CompileOptions compile;
+    compile.block_size = 64;
+    auto layout = CompileBlockLayout(spec, tokens, compile);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ(total, layout->AdmittedPairs() * shape.batch * shape.q_heads);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllSpecs, RingSpecTest, ::testing::ValuesIn(AllSpecs()),
                          [](const auto& info) { return info.param.name; });
 
@@ -165,7 +215,7 @@ TEST(SplitSequenceTest, BlockUnitsKeepBoundariesAligned) {
 TEST(RingBalanceTest, ZigzagEqualisesCausalWork) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
-  for (int P : {2, 3, 4}) {
+  for (int P : {2, 3, 4, 8}) {
     const AttentionShape shape{1, 2 * P * 12, 2, 2, 8};
     testing::QkvInputs in = MakeRandomInputs(shape, DType::kF32, seed);
     AttentionSpec spec;
@@ -183,6 +233,45 @@ TEST(RingBalanceTest, ZigzagEqualisesCausalWork) {
     }
     const int64_t n = shape.tokens;
     EXPECT_EQ(total, shape.batch * shape.q_heads * n * (n + 1) / 2);
+  }
+}
+
+// At P = 8 the zigzag split itself gives every rank the same causal pairs, counted straight from
+// its ranges (query i admits i + 1 keys), and the run's per-rank figures agree, with a tile size
+// that divides neither the chunks nor N, GQA and batch 2.
+TEST(RingBalanceTest, ZigzagEqualisesCausalWorkAtEightRanks) {
+  const int P = 8;
+  const int64_t n = 2 * P * 11;  // 11 tokens per chunk
+  const auto split = SplitSequence(n, P, SplitKind::kZigzag);
+  ASSERT_EQ(split.size(), static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p) {
+    ASSERT_EQ(split[p].size(), 2u);
+    int64_t pairs = 0;
+    for (const TokenRange& r : split[p]) {
+      EXPECT_EQ(r.size(), 11);
+      for (int64_t i = r.begin; i < r.end; ++i) pairs += i + 1;
+    }
+    // Chunks c and 2P-1-c together hold queries whose key counts pair up to n + 1 each.
+    EXPECT_EQ(pairs, 11 * (n + 1)) << "rank " << p;
+  }
+
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const AttentionShape shape{2, n, 4, 2, 8};
+  testing::QkvInputs in = MakeRandomInputs(shape, DType::kF32, seed);
+  AttentionSpec spec;
+  spec.causal = true;
+  RingOptions options;
+  options.tile = 5;
+  std::vector<RingRankStats> stats;
+  auto ring = RingAttentionInProcess(spec, in.q, in.k, in.v, P, options, 0, &stats);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_TRUE(MatchesReference(*ref, ring->o, &ring->lse, DType::kF32));
+  for (int p = 0; p < P; ++p) {
+    EXPECT_EQ(stats[p].admitted_pairs, shape.batch * shape.q_heads * 11 * (n + 1)) << p;
+    EXPECT_EQ(stats[p].steps, P);
   }
 }
 

@@ -1,4 +1,4 @@
-#include "core/dist/rect_layout.h"
+#include "core/spec/rect_layout.h"
 
 #include <algorithm>
 #include <limits>
@@ -26,6 +26,13 @@ int64_t IntervalRule::Hi(int64_t i) const {
     if (it != segment_starts->end()) hi = std::min(hi, *it - 1);
   }
   return hi;
+}
+
+IntervalRule ToIntervalRule(const TokenRule& rule) {
+  IntervalRule out;
+  out.causal = rule.causal;
+  out.window = rule.window;
+  return out;
 }
 
 int64_t RectLayout::AdmittedPairs() const {
@@ -73,8 +80,7 @@ absl::StatusOr<RectLayout> SliceBlockLayout(const BlockLayout& layout, int64_t q
   out.k_begin = k_begin;
   out.k_len = k_end - k_begin;
   out.tile = static_cast<int32_t>(b);
-  out.rule.causal = layout.rule.causal;
-  out.rule.window = layout.rule.window;
+  out.rule = ToIntervalRule(layout.rule);
   const int64_t first_q = q_begin / b;
   const int64_t first_k = k_begin / b;
   const int64_t end_k = (k_end + b - 1) / b;  // one past the last key block of the range

@@ -1,14 +1,16 @@
-// RectLayout: the part of a computation that one ring step does — query rows at sequence
-// positions [q_begin, q_begin + q_len) against key rows at [k_begin, k_begin + k_len) — as a CSR of
-// kept key tiles per query tile, with masks evaluated on GLOBAL positions.
+// RectLayout: a rectangular piece of an attention computation — query rows at sequence positions
+// [q_begin, q_begin + q_len) against key rows at [k_begin, k_begin + k_len) — as a CSR of kept key
+// tiles per query tile, with masks evaluated on GLOBAL positions.
 //
-// A core BlockLayout is square (queries and keys share one axis from 0) and its TokenRule has no
-// position offset, so it cannot describe "shard 2's queries against shard 0's keys"; this is the
-// rectangular form the ring needs. It is built either by slicing a global BlockLayout
+// A BlockLayout is square (queries and keys share one axis from 0) and its TokenRule has no
+// position offset, so it cannot describe "shard 2's queries against shard 0's keys", which is what
+// a ring step computes. A RectLayout is built either by slicing a global BlockLayout
 // (block_sparse, where the kept blocks are data) or straight from an interval rule (dense, window,
-// causal and dilated segments, where every query admits one contiguous range of keys).
-#ifndef ATTNSERVE_CORE_DIST_RECT_LAYOUT_H_
-#define ATTNSERVE_CORE_DIST_RECT_LAYOUT_H_
+// causal and dilated segments, where every query admits one contiguous range of keys). It lives
+// with the pattern compiler because it is the same kind of object (what to compute, no data); the
+// CPU backend executes it (CpuAttentionPiece) and the ring driver builds one per piece.
+#ifndef ATTNSERVE_CORE_SPEC_RECT_LAYOUT_H_
+#define ATTNSERVE_CORE_SPEC_RECT_LAYOUT_H_
 
 #include <cstdint>
 #include <optional>
@@ -34,6 +36,9 @@ struct IntervalRule {
   int64_t Hi(int64_t i) const;
   bool Admits(int64_t i, int64_t k) const { return k >= Lo(i) && k <= Hi(i); }
 };
+
+// The interval form of a BlockLayout's token rule (what its kPartial blocks evaluate).
+IntervalRule ToIntervalRule(const TokenRule& rule);
 
 struct RectLayout {
   int64_t q_begin = 0;  // sequence position of local query row 0
@@ -69,4 +74,4 @@ RectLayout RectLayoutFromRule(const IntervalRule& rule, int64_t q_begin, int64_t
 
 }  // namespace attnserve
 
-#endif  // ATTNSERVE_CORE_DIST_RECT_LAYOUT_H_
+#endif  // ATTNSERVE_CORE_SPEC_RECT_LAYOUT_H_

@@ -1,4 +1,4 @@
-#include "core/dist/rect_layout.h"
+#include "core/spec/rect_layout.h"
 
 #include <cstdint>
 #include <vector>
