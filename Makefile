@@ -31,7 +31,8 @@ test: build
 test-all: CTEST_ARGS=
 test-all: test
 
-serve: build
+serve: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnserve attnctl
 	@scripts/serve $(BUILD_DIR) $(SERVE_ARGS)
 
 bench: build

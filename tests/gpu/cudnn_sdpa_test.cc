@@ -171,6 +171,22 @@ std::vector<Case> AllCases() {
     c.dtype = DType::kF16;
     c.name = "window64_causal_scale0p3_n777_gqa4_d128_f16";
     cases.push_back(c);
+    // Non-causal windows past s_kv = 1024 (cuDNN 9.14.0 has a known bug with non-causal sliding
+    // windows beyond 1024 keys; the band with both bounds must still be right).
+    c.spec = AttentionSpec{};
+    c.spec.pattern = WindowSpec{100};
+    c.shape = {1, 2100, 2, 1, 64};
+    c.dtype = DType::kBF16;
+    c.name = "window100_n2100_gqa2_d64_bf16";
+    cases.push_back(c);
+    c.spec.pattern = WindowSpec{1000};
+    c.shape = {1, 3000, 2, 2, 128};
+    c.dtype = DType::kF16;
+    c.name = "window1000_n3000_d128_f16";
+    cases.push_back(c);
+    c.spec.causal = true;
+    c.name = "window1000_causal_n3000_d128_f16";
+    cases.push_back(c);
     c.spec = AttentionSpec{};
     c.shape = {3, 2, 2, 2, 64};
     c.dtype = DType::kBF16;
