@@ -1,0 +1,188 @@
+// The attnserve binary as a process: port files, Describe, health, /metrics over HTTP, and the
+// SIGTERM drain (the call in progress completes, new calls get UNAVAILABLE, exit status 0).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attnserve/v1/attnserve.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::optional<int> ReadPort(const std::string& path, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  while (absl::Now() < until) {
+    std::ifstream in(path);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+// GET /metrics over a plain socket.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+class Process {
+ public:
+  explicit Process(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) pid_ = -1;
+  }
+  ~Process() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Exit status, or -1 when it did not exit normally within `timeout`.
+  int Wait(absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    while (absl::Now() < until) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+grpc::Status AttendDense(v1::AttentionService::Stub* stub, int64_t tokens, int64_t heads,
+                         int64_t dim) {
+  grpc::ClientContext ctx;
+  auto stream = stub->Attend(&ctx);
+  v1::AttendRequest req;
+  v1::AttendHeader* h = req.mutable_header();
+  h->set_dtype(v1::DTYPE_F32);
+  h->set_batch(1);
+  h->set_tokens(tokens);
+  h->set_q_heads(heads);
+  h->set_kv_heads(heads);
+  h->set_head_dim(dim);
+  h->mutable_spec()->mutable_dense();
+  stream->Write(req);
+  const std::string bytes(static_cast<size_t>(tokens * heads * dim * 4), '\0');
+  for (auto kind : {v1::TENSOR_Q, v1::TENSOR_K, v1::TENSOR_V}) {
+    req.Clear();
+    req.mutable_chunk()->set_tensor(kind);
+    req.mutable_chunk()->set_data(bytes);
+    stream->Write(req);
+  }
+  stream->WritesDone();
+  v1::AttendResponse resp;
+  while (stream->Read(&resp)) {
+  }
+  return stream->Finish();
+}
+
+TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
+  const std::string dir = ::testing::TempDir();
+  const std::string port_file = absl::StrCat(dir, "/attnserve_binary_test.port");
+  const std::string metrics_file = absl::StrCat(dir, "/attnserve_binary_test.mport");
+  std::filesystem::remove(port_file);
+  std::filesystem::remove(metrics_file);
+  Process server({ATTNSERVE_BINARY, "--backend", "cpu", "--listen", "127.0.0.1:0",
+                  "--port-file", port_file, "--metrics-listen=127.0.0.1:0",
+                  "--metrics-port-file", metrics_file, "--drain-timeout=60s"});
+  ASSERT_GT(server.pid(), 0);
+  const std::optional<int> port = ReadPort(port_file, absl::Seconds(30));
+  ASSERT_TRUE(port.has_value());
+  const std::optional<int> metrics_port = ReadPort(metrics_file, absl::Seconds(5));
+  ASSERT_TRUE(metrics_port.has_value());
+
+  // Response chunks are up to 4 MiB of payload plus framing: above gRPC's default 4 MiB limit.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", *port),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::AttentionService::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    v1::DescribeResponse d;
+    ASSERT_TRUE(stub->Describe(&ctx, v1::DescribeRequest(), &d).ok());
+    EXPECT_EQ(d.backend(), "cpu");
+  }
+  ASSERT_TRUE(AttendDense(stub.get(), 256, 2, 32).ok());
+  std::string text = Scrape(*metrics_port);
+  EXPECT_THAT(text, HasSubstr("attnserve_requests_total{code=\"OK\"} 1"));
+  EXPECT_THAT(text, HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0"));
+  EXPECT_THAT(text, HasSubstr("attnserve_nccl_bytes_total{device=\"cpu:0\",direction=\"send\"} 0"));
+
+  // A call that runs for a while; SIGTERM once it is in progress.
+  auto long_call = std::async(std::launch::async, [&] { return AttendDense(stub.get(), 4096, 8, 64); });
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < until &&
+         Scrape(*metrics_port).find("attnserve_inflight_requests 1") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  absl::SleepFor(absl::Milliseconds(200));
+  const grpc::Status refused = AttendDense(stub.get(), 64, 1, 16);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  const grpc::Status s = long_call.get();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(server.Wait(absl::Seconds(60)), 0);
+}
+
+TEST(AttnserveBinaryTest, CudaBackendInCpuBuildFailsClearly) {
+  Process server({ATTNSERVE_BINARY, "--backend=cuda", "--listen=127.0.0.1:0",
+                  "--metrics-listen="});
+  ASSERT_GT(server.pid(), 0);
+  const int code = server.Wait(absl::Seconds(30));
+#if defined(ATTNSERVE_HAVE_CUDA)
+  (void)code;  // depends on whether this machine has a GPU
+#else
+  EXPECT_EQ(code, 1);
+#endif
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,242 @@
+// attnserve: the attention service. See server/README.md for the flags and their behaviour.
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/device_pool.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/service.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "gRPC address host:port; port 0 binds a free port (printed, and written to --port-file)");
+ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port to this file once serving");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "Prometheus /metrics address host:port (port 0: a free port); empty disables it");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "write the bound metrics port to this file once serving");
+ABSL_FLAG(std::string, backend, "auto", "auto|cpu|cuda (auto: cuda when a GPU is present)");
+ABSL_FLAG(std::string, devices, "", "comma list of device indices to use (default: all)");
+ABSL_FLAG(int, cpu_workers, 1, "CPU backend: number of CPU devices (one worker thread each)");
+ABSL_FLAG(int, cpu_threads, 0, "CPU backend: compute threads per CPU device (0: cores / workers)");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{8} << 30, "largest Q + K + V bytes of one request");
+ABSL_FLAG(int, max_queue, 64, "requests that may wait for a device; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "bytes one device may hold for a running request (0: the device's free memory)");
+ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "default response chunk size in bytes");
+ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{64} << 20, "largest accepted request chunk in bytes");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "on SIGTERM/SIGINT, how long calls in progress may take to finish");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|critical|off");
+
+namespace attnserve {
+namespace {
+
+// Writes `port` to `path` through a temporary file and a rename, so a reader never sees a
+// partial number.
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// "127.0.0.1:0" + 41234 -> "127.0.0.1:41234".
+std::string WithPort(const std::string& address, int port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return absl::StrCat(address, ":", port);
+  return absl::StrCat(address.substr(0, colon), ":", port);
+}
+
+int Fail(const absl::Status& status) {
+  spdlog::critical("attnserve: {}", status.ToString());
+  std::fprintf(stderr, "attnserve: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int Main() {
+  // SIGTERM/SIGINT are taken with sigwait by this thread only: block them before any other
+  // thread starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const spdlog::level::level_enum level =
+      spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
+  if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--log-level: unknown level \"", absl::GetFlag(FLAGS_log_level), "\"")));
+  }
+  spdlog::set_level(level);
+
+  DevicePoolOptions pool_options;
+  absl::StatusOr<BackendChoice> backend = ParseBackendChoice(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return Fail(backend.status());
+  pool_options.backend = *backend;
+  if (!absl::GetFlag(FLAGS_devices).empty()) {
+    absl::StatusOr<std::vector<int>> devices = ParseDeviceList(absl::GetFlag(FLAGS_devices));
+    if (!devices.ok()) return Fail(devices.status());
+    pool_options.devices = *devices;
+  }
+  pool_options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
+  pool_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  absl::StatusOr<std::unique_ptr<DevicePool>> pool = DevicePool::Create(pool_options);
+  if (!pool.ok()) return Fail(pool.status());
+
+  MetricsOptions metrics_options;
+  metrics_options.listen = absl::GetFlag(FLAGS_metrics_listen);
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+      Metrics::Create(metrics_options, (*pool)->devices());
+  if (!metrics.ok()) return Fail(metrics.status());
+
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  if (absl::GetFlag(FLAGS_max_inflight_bytes) != 0) {
+    scheduler_options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  }
+  absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
+      Scheduler::Create(scheduler_options, pool->get(), metrics->get());
+  if (!scheduler.ok()) return Fail(scheduler.status());
+
+  ServiceOptions service_options;
+  service_options.limits.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  service_options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  service_options.limits.default_response_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  service_options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service = AttentionServiceImpl::Create(
+      service_options, pool->get(), scheduler->get(), metrics->get());
+  if (!service.ok()) return Fail(service.status());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  // A chunk message is its payload plus a few bytes of framing.
+  const int64_t max_message = absl::GetFlag(FLAGS_max_chunk_bytes) + (int64_t{1} << 20);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
+  builder.SetMaxSendMessageSize(
+      static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
+  builder.RegisterService(service->get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("--listen=", listen, ": cannot listen")));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(true);
+
+  const std::string bound = WithPort(listen, port);
+  std::printf("attnserve: listening on %s\n", bound.c_str());
+  if ((*metrics)->port()) {
+    std::printf("attnserve: metrics on http://%s/metrics\n",
+                WithPort(metrics_options.listen, *(*metrics)->port()).c_str());
+  }
+  std::fflush(stdout);
+  spdlog::info("attnserve {} serving on {} with backend {} ({} device(s): {})",
+               ATTNSERVE_VERSION, bound, BackendName((*pool)->backend()), (*pool)->size(),
+               (*pool)->device(0).name());
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    if (absl::Status s = WritePortFile(absl::GetFlag(FLAGS_port_file), port); !s.ok()) {
+      server->Shutdown();
+      return Fail(s);
+    }
+  }
+  if (!absl::GetFlag(FLAGS_metrics_port_file).empty() && (*metrics)->port()) {
+    if (absl::Status s = WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
+                                       *(*metrics)->port());
+        !s.ok()) {
+      server->Shutdown();
+      return Fail(s);
+    }
+  }
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  spdlog::info("attnserve: signal {}: draining (up to {})", sig,
+               absl::FormatDuration(absl::GetFlag(FLAGS_drain_timeout)));
+  (*service)->StartDrain();
+  if (health != nullptr) health->SetServingStatus(false);
+
+  // Wait for the calls in progress; a second signal cuts the wait short.
+  const absl::Time drain_deadline = absl::Now() + absl::GetFlag(FLAGS_drain_timeout);
+  bool idle = false;
+  for (;;) {
+    idle = (*service)->WaitForIdle(std::min(drain_deadline, absl::Now() + absl::Milliseconds(100)));
+    if (idle || absl::Now() >= drain_deadline) break;
+    const timespec zero{0, 0};
+    if (sigtimedwait(&signals, nullptr, &zero) > 0) {
+      spdlog::warn("attnserve: second signal, stopping now");
+      break;
+    }
+  }
+  if (!idle) {
+    spdlog::warn("attnserve: {} call(s) still in progress; cancelling them",
+                 (*service)->active_calls());
+  }
+  // Cancels whatever is left (their reactors see OnCancel, their jobs stop at the next poll).
+  server->Shutdown(std::chrono::system_clock::now());
+  (*scheduler)->Shutdown();
+  server.reset();
+  metrics->reset();
+  spdlog::info("attnserve: stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace attnserve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attnserve --listen=0.0.0.0:50051 --metrics-listen=0.0.0.0:9464 --backend=auto\n"
+      "The attention service (gRPC attnserve.v1.AttentionService). See server/README.md.");
+  // Flags are spelled with dashes (--metrics-listen); absl names them with underscores. Rewrite
+  // the name part of every "--name[=value]" argument before parsing; values stay untouched.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t j = 2; j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  std::vector<char*> rewritten;
+  for (std::string& a : args) rewritten.push_back(a.data());
+  rewritten.push_back(nullptr);
+  absl::ParseCommandLine(argc, rewritten.data());
+  return attnserve::Main();
+}

@@ -1,0 +1,201 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
+#include "server/status_util.h"
+
+namespace attnserve {
+namespace {
+
+// Seconds, from 1 ms to about 9 minutes (x2 per bucket): tiny requests to 1M-token CPU runs.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double s = 0.001; s < 600; s *= 2) b.push_back(s);
+  return b;
+}
+
+}  // namespace
+
+// Registered with the exposer before the registry: refreshes the device gauges so that the
+// registry's collection right after it reads current values. Contributes no families itself.
+class Metrics::ScrapeHook : public prometheus::Collectable {
+ public:
+  explicit ScrapeHook(Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->Refresh();
+    return {};
+  }
+
+ private:
+  Metrics* metrics_;
+};
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {}
+
+Metrics::~Metrics() {
+  // Stop serving before the series go away.
+  exposer_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options,
+                                                          std::vector<const Device*> devices) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  prometheus::Registry& r = *m->registry_;
+
+  auto& used = prometheus::BuildGauge()
+                   .Name("attnserve_device_memory_used_bytes")
+                   .Help("Bytes in use by attnserve's buffers on the device (CPU: the device's "
+                         "tracker: running request's inputs, outputs, workspaces)")
+                   .Register(r);
+  auto& total = prometheus::BuildGauge()
+                    .Name("attnserve_device_memory_total_bytes")
+                    .Help("Device memory capacity (CPU: host MemTotal)")
+                    .Register(r);
+  auto& reserved = prometheus::BuildGauge()
+                       .Name("attnserve_device_memory_reserved_bytes")
+                       .Help("Bytes held by the device's caching allocator (CPU: same as used)")
+                       .Register(r);
+  auto& peak = prometheus::BuildGauge()
+                   .Name("attnserve_device_memory_peak_bytes")
+                   .Help("Peak of used bytes since start")
+                   .Register(r);
+  auto& tokens = prometheus::BuildCounter()
+                     .Name("attnserve_device_tokens_total")
+                     .Help("Query tokens (batch * tokens) computed on the device")
+                     .Register(r);
+  auto& flops = prometheus::BuildCounter()
+                    .Name("attnserve_device_flops_total")
+                    .Help("Attention FLOPs (4 * B * Hq * D * admitted pairs) on the device")
+                    .Register(r);
+  auto& busy = prometheus::BuildCounter()
+                   .Name("attnserve_device_busy_seconds_total")
+                   .Help("Seconds the device spent running requests")
+                   .Register(r);
+  auto& nccl = prometheus::BuildCounter()
+                   .Name("attnserve_nccl_bytes_total")
+                   .Help("Bytes moved by the device over NCCL (0 on the CPU backend)")
+                   .Register(r);
+  m->imbalance_ = &prometheus::BuildGauge()
+                       .Name("attnserve_device_memory_imbalance_ratio")
+                       .Help("(max - min) / max of used bytes over the devices; 0 when max is 0")
+                       .Register(r)
+                       .Add({});
+  for (const Device* d : devices) {
+    const std::string name = d->name();
+    const std::string uuid = d->uuid();
+    DeviceSeries s;
+    s.device = d;
+    s.used = &used.Add({{"device", name}, {"uuid", uuid}});
+    s.total = &total.Add({{"device", name}, {"uuid", uuid}});
+    s.reserved = &reserved.Add({{"device", name}});
+    s.peak = &peak.Add({{"device", name}});
+    s.tokens = &tokens.Add({{"device", name}});
+    s.flops = &flops.Add({{"device", name}});
+    s.busy = &busy.Add({{"device", name}});
+    s.nccl_send = &nccl.Add({{"device", name}, {"direction", "send"}});
+    s.nccl_recv = &nccl.Add({{"device", name}, {"direction", "recv"}});
+    m->devices_.push_back(s);
+  }
+
+  auto& requests = prometheus::BuildCounter()
+                       .Name("attnserve_requests_total")
+                       .Help("Finished Attend calls by gRPC status code")
+                       .Register(r);
+  for (int c = 0; c < static_cast<int>(m->requests_.size()); ++c) {
+    m->requests_[c] = &requests.Add({{"code", GrpcCodeName(static_cast<grpc::StatusCode>(c))}});
+  }
+  m->request_duration_ = &prometheus::BuildHistogram()
+                              .Name("attnserve_request_duration_seconds")
+                              .Help("Attend calls, first message to final status")
+                              .Register(r)
+                              .Add({}, SecondsBuckets());
+  m->queue_wait_ = &prometheus::BuildHistogram()
+                        .Name("attnserve_queue_wait_seconds")
+                        .Help("Time from a complete request to its admission on a device")
+                        .Register(r)
+                        .Add({}, SecondsBuckets());
+  m->queue_length_ = &prometheus::BuildGauge()
+                          .Name("attnserve_queue_length")
+                          .Help("Requests waiting for a device")
+                          .Register(r)
+                          .Add({});
+  m->inflight_ = &prometheus::BuildGauge()
+                      .Name("attnserve_inflight_requests")
+                      .Help("Attend calls in progress (uploading, queued, running or sending)")
+                      .Register(r)
+                      .Add({});
+  m->received_bytes_ = &prometheus::BuildCounter()
+                            .Name("attnserve_received_bytes_total")
+                            .Help("Tensor payload bytes received (Q, K, V chunks)")
+                            .Register(r)
+                            .Add({});
+  m->sent_bytes_ = &prometheus::BuildCounter()
+                        .Name("attnserve_sent_bytes_total")
+                        .Help("Tensor payload bytes sent (O, LSE chunks)")
+                        .Register(r)
+                        .Add({});
+
+  m->hook_ = std::make_shared<ScrapeHook>(m.get());
+  if (!options.listen.empty()) {
+    // civetweb reports a failed bind by throwing; keep that exception inside this function.
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen, /*num_threads=*/2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics-listen=", options.listen, ": cannot listen (", e.what(), ")"));
+    }
+    m->exposer_->RegisterCollectable(m->hook_);
+    m->exposer_->RegisterCollectable(m->registry_);
+    const std::vector<int> ports = m->exposer_->GetListeningPorts();
+    if (!ports.empty()) m->port_ = ports.front();
+  }
+  return m;
+}
+
+void Metrics::RecordRun(size_t device, double tokens, double flops, double busy_seconds) {
+  if (device >= devices_.size()) return;
+  DeviceSeries& s = devices_[device];
+  s.tokens->Increment(tokens);
+  s.flops->Increment(flops);
+  s.busy->Increment(busy_seconds);
+}
+
+void Metrics::RecordRequest(grpc::StatusCode code, double seconds) {
+  int c = static_cast<int>(code);
+  if (c < 0 || c >= static_cast<int>(requests_.size())) c = grpc::StatusCode::UNKNOWN;
+  requests_[c]->Increment();
+  request_duration_->Observe(seconds);
+}
+
+void Metrics::Refresh() {
+  int64_t max_used = 0;
+  int64_t min_used = 0;
+  bool first = true;
+  for (DeviceSeries& s : devices_) {
+    const DeviceStats stats = s.device->Stats();
+    s.used->Set(static_cast<double>(stats.memory_used_bytes));
+    s.total->Set(static_cast<double>(stats.memory_total_bytes));
+    s.reserved->Set(static_cast<double>(stats.memory_reserved_bytes));
+    s.peak->Set(static_cast<double>(stats.memory_peak_bytes));
+    max_used = first ? stats.memory_used_bytes : std::max(max_used, stats.memory_used_bytes);
+    min_used = first ? stats.memory_used_bytes : std::min(min_used, stats.memory_used_bytes);
+    first = false;
+  }
+  imbalance_->Set(max_used > 0 ? static_cast<double>(max_used - min_used) /
+                                     static_cast<double>(max_used)
+                               : 0.0);
+}
+
+std::string Metrics::RenderText() {
+  Refresh();
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace attnserve

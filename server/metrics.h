@@ -1,0 +1,103 @@
+// Metrics: the one owner of the prometheus-cpp registry and of the HTTP exposer. Every family and
+// every series is built once, in Create; hot paths call the Record*/Add* methods, which touch
+// pre-built series only (no label lookups).
+//
+// Device memory semantics: the attnserve_device_memory_* gauges are Device::Stats() of each
+// device, refreshed on every scrape. For a CPU device "used" is the bytes its MemoryTracker holds:
+// the Q/K/V of the request it is running, its outputs and its workspaces (request buffers still
+// uploading or waiting in the queue belong to no device and are not counted there); "total" is
+// the host's MemTotal; reserved == used.
+#ifndef ATTNSERVE_SERVER_METRICS_H_
+#define ATTNSERVE_SERVER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/engine/device.h"
+#include "grpcpp/support/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace attnserve {
+
+struct MetricsOptions {
+  // host:port of the /metrics endpoint; port 0 picks a free one (see port()); empty: no endpoint
+  // (the series still exist, RenderText() reads them).
+  std::string listen = "0.0.0.0:9464";
+};
+
+class Metrics {
+ public:
+  // `devices` must outlive the Metrics object (their Stats() are read on each scrape).
+  // INTERNAL/UNAVAILABLE when the endpoint cannot listen.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsOptions& options,
+                                                         std::vector<const Device*> devices);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // The port the endpoint listens on, when it does.
+  std::optional<int> port() const { return port_; }
+
+  // One finished run on device `device` (index into the Create() list).
+  void RecordRun(size_t device, double tokens, double flops, double busy_seconds);
+  // One finished Attend call.
+  void RecordRequest(grpc::StatusCode code, double seconds);
+  void ObserveQueueWait(double seconds) { queue_wait_->Observe(seconds); }
+  void SetQueueLength(int64_t n) { queue_length_->Set(static_cast<double>(n)); }
+  void AddInflight(double delta) { inflight_->Increment(delta); }
+  void AddReceivedBytes(int64_t n) { received_bytes_->Increment(static_cast<double>(n)); }
+  void AddSentBytes(int64_t n) { sent_bytes_->Increment(static_cast<double>(n)); }
+
+  // Copies every device's Stats() into the memory gauges and recomputes the imbalance ratio.
+  // Called on each scrape; thread-safe.
+  void Refresh();
+  // The Prometheus text exposition of everything (after a Refresh), as /metrics serves it.
+  std::string RenderText();
+
+ private:
+  struct DeviceSeries {
+    const Device* device = nullptr;
+    prometheus::Gauge* used = nullptr;
+    prometheus::Gauge* total = nullptr;
+    prometheus::Gauge* reserved = nullptr;
+    prometheus::Gauge* peak = nullptr;
+    prometheus::Counter* tokens = nullptr;
+    prometheus::Counter* flops = nullptr;
+    prometheus::Counter* busy = nullptr;
+    prometheus::Counter* nccl_send = nullptr;
+    prometheus::Counter* nccl_recv = nullptr;
+  };
+  class ScrapeHook;
+
+  Metrics();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ScrapeHook> hook_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::optional<int> port_;
+  std::vector<DeviceSeries> devices_;
+  prometheus::Gauge* imbalance_ = nullptr;
+  std::array<prometheus::Counter*, 17> requests_{};  // by grpc::StatusCode 0..16
+  prometheus::Histogram* request_duration_ = nullptr;
+  prometheus::Histogram* queue_wait_ = nullptr;
+  prometheus::Gauge* queue_length_ = nullptr;
+  prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Counter* received_bytes_ = nullptr;
+  prometheus::Counter* sent_bytes_ = nullptr;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_METRICS_H_

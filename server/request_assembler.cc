@@ -1,0 +1,224 @@
+#include "server/request_assembler.h"
+
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+#include "server/spec_convert.h"
+
+namespace attnserve {
+namespace {
+
+// a * b for a, b >= 0, saturating at INT64_MAX (a request that large is refused either way).
+int64_t SatMul(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_mul_overflow(a, b, &out)) return std::numeric_limits<int64_t>::max();
+  return out;
+}
+int64_t SatAdd(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_add_overflow(a, b, &out)) return std::numeric_limits<int64_t>::max();
+  return out;
+}
+
+std::string ShapeString(int64_t b, int64_t n, int64_t h, int64_t d, DType dtype) {
+  return absl::StrCat("[", b, ", ", n, ", ", h, ", ", d, "] ", std::string(DTypeName(dtype)));
+}
+
+absl::Status CheckDim(absl::string_view field, int64_t value) {
+  if (value < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": must be >= 1, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+int TensorIndex(v1::TensorKind kind) {
+  switch (kind) {
+    case v1::TENSOR_Q:
+      return 0;
+    case v1::TENSOR_K:
+      return 1;
+    case v1::TENSOR_V:
+      return 2;
+    default:
+      return -1;
+  }
+}
+
+constexpr absl::string_view kTensorNames[3] = {"q", "k", "v"};
+
+}  // namespace
+
+bool ByteRangeSet::Insert(int64_t start, int64_t end, std::pair<int64_t, int64_t>* overlap) {
+  if (start >= end) return true;
+  // The first range starting after `start`, and the one before it (the only candidates).
+  auto next = ranges_.upper_bound(start);
+  if (next != ranges_.end() && next->first < end) {
+    if (overlap != nullptr) *overlap = *next;
+    return false;
+  }
+  auto prev = next == ranges_.begin() ? ranges_.end() : std::prev(next);
+  if (prev != ranges_.end() && prev->second > start) {
+    if (overlap != nullptr) *overlap = *prev;
+    return false;
+  }
+  covered_ += end - start;
+  // Merge with touching neighbours so the set stays as small as the number of gaps.
+  if (prev != ranges_.end() && prev->second == start) {
+    start = prev->first;
+    ranges_.erase(prev);
+  }
+  if (next != ranges_.end() && next->first == end) {
+    end = next->second;
+    ranges_.erase(next);
+  }
+  ranges_.emplace(start, end);
+  return true;
+}
+
+RequestAssembler::RequestAssembler(const AssemblerOptions& options) : options_(options) {}
+
+absl::Status RequestAssembler::Add(const v1::AttendRequest& request) {
+  switch (request.message_case()) {
+    case v1::AttendRequest::kHeader:
+      return AddHeader(request.header());
+    case v1::AttendRequest::kChunk:
+      return AddChunk(request.chunk());
+    case v1::AttendRequest::MESSAGE_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("request.message: one of header, chunk must be set");
+}
+
+absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
+  if (has_header_) return absl::InvalidArgumentError("header: sent twice");
+  ATTN_ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(header.dtype(), "header.dtype"));
+  ATTN_RETURN_IF_ERROR(CheckDim("header.batch", header.batch()));
+  ATTN_RETURN_IF_ERROR(CheckDim("header.tokens", header.tokens()));
+  ATTN_RETURN_IF_ERROR(CheckDim("header.q_heads", header.q_heads()));
+  ATTN_RETURN_IF_ERROR(CheckDim("header.kv_heads", header.kv_heads()));
+  ATTN_RETURN_IF_ERROR(CheckDim("header.head_dim", header.head_dim()));
+  if (header.q_heads() % header.kv_heads() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.q_heads: ", header.q_heads(), " is not a multiple of header.kv_heads = ",
+                     header.kv_heads()));
+  }
+  if (header.response_chunk_bytes() < 0 ||
+      header.response_chunk_bytes() > options_.max_chunk_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.response_chunk_bytes: must be in [0, ", options_.max_chunk_bytes,
+                     "] (0: the server's default), got ", header.response_chunk_bytes()));
+  }
+  if (header.placement() != v1::PLACEMENT_AUTO && !v1::Placement_IsValid(header.placement())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.placement: unknown value ", static_cast<int>(header.placement())));
+  }
+
+  // Sizes before anything else touches the shape: saturating, so 10^12 tokens cannot wrap.
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t rows = SatMul(header.batch(), header.tokens());
+  const int64_t q_bytes = SatMul(SatMul(SatMul(rows, header.q_heads()), header.head_dim()), elem);
+  const int64_t kv_bytes =
+      SatMul(SatMul(SatMul(rows, header.kv_heads()), header.head_dim()), elem);
+  const int64_t total = SatAdd(q_bytes, SatAdd(kv_bytes, kv_bytes));
+  if (total > options_.max_request_bytes) {
+    const bool saturated = total == std::numeric_limits<int64_t>::max();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "header.tokens: q ",
+        ShapeString(header.batch(), header.tokens(), header.q_heads(), header.head_dim(), dtype),
+        " and k, v ",
+        ShapeString(header.batch(), header.tokens(), header.kv_heads(), header.head_dim(), dtype),
+        " need ", saturated ? "more than 2^63 " : absl::StrCat(total, " "),
+        "bytes, above the limit --max-request-bytes=", options_.max_request_bytes));
+  }
+
+  const AttentionShape shape = ShapeFromHeader(header);
+  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
+  ATTN_ASSIGN_OR_RETURN(AttentionSpec spec, SpecFromProto(header.spec()));
+  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+
+  const std::vector<int64_t> dims_q = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
+  const std::vector<int64_t> dims_kv = {shape.batch, shape.tokens, shape.kv_heads,
+                                        shape.head_dim};
+  std::array<HostTensor, 3> tensors;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<HostTensor> t =
+        HostTensor::Create(dtype, i == 0 ? dims_q : dims_kv, options_.tracker);
+    if (!t.ok()) {
+      return absl::Status(t.status().code(),
+                          absl::StrCat(kTensorNames[i], ": ", t.status().message()));
+    }
+    tensors[i] = *std::move(t);
+  }
+
+  has_header_ = true;
+  header_ = header;
+  spec_ = std::move(spec);
+  shape_ = shape;
+  dtype_ = dtype;
+  response_chunk_bytes_ = header.response_chunk_bytes() > 0
+                              ? header.response_chunk_bytes()
+                              : options_.default_response_chunk_bytes;
+  tensors_ = std::move(tensors);
+  tensor_bytes_ = {q_bytes, kv_bytes, kv_bytes};
+  total_bytes_ = total;
+  return absl::OkStatus();
+}
+
+absl::Status RequestAssembler::AddChunk(const v1::TensorChunk& chunk) {
+  if (!has_header_) return absl::InvalidArgumentError("header: must be the first message");
+  const int index = TensorIndex(chunk.tensor());
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.tensor: must be TENSOR_Q, TENSOR_K or TENSOR_V, got ", TensorKindName(chunk.tensor())));
+  }
+  const absl::string_view name = kTensorNames[index];
+  const int64_t size = static_cast<int64_t>(chunk.data().size());
+  if (size > options_.max_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk for ", name, ": ", size,
+                                                   " bytes, above --max-chunk-bytes=",
+                                                   options_.max_chunk_bytes));
+  }
+  if (chunk.offset() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk for ", name, ": offset must be >= 0, got ", chunk.offset()));
+  }
+  const int64_t tensor_bytes = tensor_bytes_[index];
+  HostTensor& tensor = tensors_[index];
+  if (chunk.offset() > tensor_bytes - size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk for ", name, ": bytes [", chunk.offset(), ", ", SatAdd(chunk.offset(), size),
+        ") past the end of the tensor (", tensor_bytes, " bytes for ", tensor.DebugString(), ")"));
+  }
+  std::pair<int64_t, int64_t> overlap;
+  if (!received_[index].Insert(chunk.offset(), chunk.offset() + size, &overlap)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk for ", name, ": bytes [", chunk.offset(), ", ", chunk.offset() + size,
+        ") overlap bytes [", overlap.first, ", ", overlap.second, ") received before"));
+  }
+  if (size > 0) std::memcpy(tensor.data() + chunk.offset(), chunk.data().data(), size);
+  received_bytes_ += size;
+  return absl::OkStatus();
+}
+
+bool RequestAssembler::all_received() const {
+  return has_header_ && received_bytes_ == total_bytes_;
+}
+
+absl::Status RequestAssembler::Complete() const {
+  if (!has_header_) return absl::InvalidArgumentError("header: must be the first message");
+  for (int i = 0; i < 3; ++i) {
+    if (received_[i].covered_bytes() != tensor_bytes_[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(kTensorNames[i], ": received ",
+                                                     received_[i].covered_bytes(), " of ",
+                                                     tensor_bytes_[i], " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve

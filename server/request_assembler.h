@@ -1,0 +1,97 @@
+// RequestAssembler: turns the request stream of one Attend call (a header, then tensor chunks)
+// into validated host tensors Q, K, V. Runs on gRPC threads: every check is O(1) or O(log chunks)
+// per message, and nothing is allocated until the header has been validated, so a header that
+// claims 10^12 tokens is refused without touching memory.
+#ifndef ATTNSERVE_SERVER_REQUEST_ASSEMBLER_H_
+#define ATTNSERVE_SERVER_REQUEST_ASSEMBLER_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "attnserve/v1/attnserve.pb.h"
+#include "core/spec/attention_spec.h"
+#include "core/tensor/tensor.h"
+
+namespace attnserve {
+
+struct AssemblerOptions {
+  int64_t max_request_bytes = int64_t{8} << 30;  // Q + K + V bytes of one request
+  int64_t max_chunk_bytes = int64_t{64} << 20;   // largest accepted chunk payload
+  int64_t default_response_chunk_bytes = int64_t{4} << 20;
+  // Charged with the Q/K/V buffers for their lifetime (request-buffer memory). Not owned; may be
+  // null. Must outlive the assembler and the tensors taken from it.
+  MemoryTracker* tracker = nullptr;
+};
+
+// Byte ranges [start, end) received so far for one tensor, merged as they touch. Insert is
+// O(log n) in the number of disjoint ranges.
+class ByteRangeSet {
+ public:
+  // Adds [start, end); returns false (and changes nothing) when it overlaps a range already held.
+  // `overlap` then receives the first overlapping range.
+  bool Insert(int64_t start, int64_t end, std::pair<int64_t, int64_t>* overlap);
+  int64_t covered_bytes() const { return covered_; }
+  size_t num_ranges() const { return ranges_.size(); }
+
+ private:
+  std::map<int64_t, int64_t> ranges_;  // start -> end, disjoint, non-adjacent
+  int64_t covered_ = 0;
+};
+
+class RequestAssembler {
+ public:
+  explicit RequestAssembler(const AssemblerOptions& options);
+
+  // Dispatches on the message: a header or a chunk. Errors are final for the call.
+  absl::Status Add(const v1::AttendRequest& request);
+  // INVALID_ARGUMENT "header: sent twice"; then validation (dtype set, dims >= 1, q_heads a
+  // multiple of kv_heads, the spec), RESOURCE_EXHAUSTED when Q + K + V exceed max_request_bytes,
+  // then the allocation of Q, K and V.
+  absl::Status AddHeader(const v1::AttendHeader& header);
+  // Copies a chunk into its tensor: "header: must be the first message" before the header; the
+  // tensor must be Q, K or V; offset >= 0; the range inside the tensor and not overlapping any
+  // range received before; payload <= max_chunk_bytes.
+  absl::Status AddChunk(const v1::TensorChunk& chunk);
+
+  bool has_header() const { return has_header_; }
+  // True once every byte of Q, K and V has arrived.
+  bool all_received() const;
+  // OK when every byte arrived, else INVALID_ARGUMENT "v: received 1048576 of 2097152 bytes".
+  absl::Status Complete() const;
+
+  int64_t received_bytes() const { return received_bytes_; }
+  int64_t total_bytes() const { return total_bytes_; }
+
+  // Valid after a successful AddHeader.
+  const v1::AttendHeader& header() const { return header_; }
+  const AttentionSpec& spec() const { return spec_; }
+  const AttentionShape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  int64_t response_chunk_bytes() const { return response_chunk_bytes_; }
+
+  // Moves the tensors out (after Complete() is OK); the assembler holds nothing afterwards.
+  HostTensor TakeQ() { return std::move(tensors_[0]); }
+  HostTensor TakeK() { return std::move(tensors_[1]); }
+  HostTensor TakeV() { return std::move(tensors_[2]); }
+
+ private:
+  const AssemblerOptions options_;
+  bool has_header_ = false;
+  v1::AttendHeader header_;
+  AttentionSpec spec_;
+  AttentionShape shape_;
+  DType dtype_ = DType::kF32;
+  int64_t response_chunk_bytes_ = 0;
+  std::array<HostTensor, 3> tensors_;  // q, k, v
+  std::array<int64_t, 3> tensor_bytes_{};
+  std::array<ByteRangeSet, 3> received_;
+  int64_t received_bytes_ = 0;
+  int64_t total_bytes_ = 0;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_REQUEST_ASSEMBLER_H_

@@ -1,0 +1,176 @@
+#include "server/request_assembler.h"
+
+#include <cstdint>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::AttendHeader Header(int64_t b, int64_t n, int64_t hq, int64_t hkv, int64_t d,
+                        v1::DType dtype = v1::DTYPE_BF16) {
+  v1::AttendHeader h;
+  h.set_request_id("t");
+  h.set_dtype(dtype);
+  h.set_batch(b);
+  h.set_tokens(n);
+  h.set_q_heads(hq);
+  h.set_kv_heads(hkv);
+  h.set_head_dim(d);
+  h.mutable_spec()->mutable_dense();
+  return h;
+}
+
+v1::TensorChunk Chunk(v1::TensorKind kind, int64_t offset, int64_t size, char fill = 'x') {
+  v1::TensorChunk c;
+  c.set_tensor(kind);
+  c.set_offset(offset);
+  c.set_data(std::string(static_cast<size_t>(size), fill));
+  return c;
+}
+
+TEST(ByteRangeSetTest, MergesTouchingRangesAndRejectsOverlaps) {
+  ByteRangeSet s;
+  std::pair<int64_t, int64_t> overlap;
+  EXPECT_TRUE(s.Insert(10, 20, &overlap));
+  EXPECT_TRUE(s.Insert(30, 40, &overlap));
+  EXPECT_TRUE(s.Insert(20, 30, &overlap));  // fills the gap: one range [10, 40)
+  EXPECT_EQ(s.num_ranges(), 1u);
+  EXPECT_EQ(s.covered_bytes(), 30);
+  EXPECT_FALSE(s.Insert(39, 41, &overlap));
+  EXPECT_EQ(overlap, std::make_pair(int64_t{10}, int64_t{40}));
+  EXPECT_FALSE(s.Insert(0, 11, &overlap));
+  EXPECT_FALSE(s.Insert(15, 16, &overlap));
+  EXPECT_TRUE(s.Insert(0, 10, &overlap));
+  EXPECT_TRUE(s.Insert(40, 50, &overlap));
+  EXPECT_EQ(s.num_ranges(), 1u);
+  EXPECT_EQ(s.covered_bytes(), 50);
+}
+
+TEST(RequestAssemblerTest, AssemblesChunksInAnyOrder) {
+  MemoryTracker tracker;
+  {
+    RequestAssembler a(AssemblerOptions{.tracker = &tracker});
+    ASSERT_TRUE(a.AddHeader(Header(1, 16, 4, 2, 8, v1::DTYPE_F32)).ok());
+    const int64_t q_bytes = 16 * 4 * 8 * 4, kv_bytes = 16 * 2 * 8 * 4;
+    EXPECT_EQ(a.total_bytes(), q_bytes + 2 * kv_bytes);
+    EXPECT_EQ(tracker.in_use_bytes(), q_bytes + 2 * kv_bytes);
+    EXPECT_TRUE(a.AddChunk(Chunk(v1::TENSOR_Q, q_bytes / 2, q_bytes / 2, 'b')).ok());
+    EXPECT_TRUE(a.AddChunk(Chunk(v1::TENSOR_V, 0, kv_bytes, 'v')).ok());
+    EXPECT_TRUE(a.AddChunk(Chunk(v1::TENSOR_Q, 0, q_bytes / 2, 'a')).ok());
+    EXPECT_FALSE(a.all_received());
+    EXPECT_THAT(a.Complete().message(), HasSubstr("k: received 0 of 1024 bytes"));
+    EXPECT_TRUE(a.AddChunk(Chunk(v1::TENSOR_K, 0, kv_bytes, 'k')).ok());
+    EXPECT_TRUE(a.all_received());
+    EXPECT_TRUE(a.Complete().ok());
+    HostTensor q = a.TakeQ();
+    EXPECT_EQ(q.dims(), (std::vector<int64_t>{1, 16, 4, 8}));
+    EXPECT_EQ(static_cast<char>(q.data()[0]), 'a');
+    EXPECT_EQ(static_cast<char>(q.data()[q_bytes - 1]), 'b');
+  }
+  EXPECT_EQ(tracker.in_use_bytes(), 0);
+}
+
+TEST(RequestAssemblerTest, RejectsOverlappingChunks) {
+  RequestAssembler a(AssemblerOptions{});
+  ASSERT_TRUE(a.AddHeader(Header(1, 64, 2, 2, 8)).ok());
+  ASSERT_TRUE(a.AddChunk(Chunk(v1::TENSOR_K, 100, 100)).ok());
+  absl::Status s = a.AddChunk(Chunk(v1::TENSOR_K, 150, 100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("chunk for k: bytes [150, 250) overlap bytes [100, 200)"));
+  // The same range of another tensor is fine.
+  EXPECT_TRUE(a.AddChunk(Chunk(v1::TENSOR_V, 150, 100)).ok());
+}
+
+TEST(RequestAssemblerTest, RejectsChunkPastTheEnd) {
+  RequestAssembler a(AssemblerOptions{});
+  ASSERT_TRUE(a.AddHeader(Header(1, 8192, 16, 16, 128)).ok());
+  absl::Status s = a.AddChunk(Chunk(v1::TENSOR_Q, 33554432 - 10, 20));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "chunk for q: bytes [33554422, 33554442) past the end of the tensor (33554432 bytes "
+            "for [1, 8192, 16, 128] bf16)");
+  // An offset near INT64_MAX must not wrap around.
+  s = a.AddChunk(Chunk(v1::TENSOR_Q, INT64_MAX - 5, 20));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("past the end"));
+  s = a.AddChunk(Chunk(v1::TENSOR_Q, -1, 20));
+  EXPECT_THAT(s.message(), HasSubstr("chunk for q: offset must be >= 0"));
+}
+
+TEST(RequestAssemblerTest, ReportsMissingBytes) {
+  RequestAssembler a(AssemblerOptions{});
+  ASSERT_TRUE(a.AddHeader(Header(1, 1024, 8, 8, 64)).ok());  // 1048576 bytes each (bf16)
+  ASSERT_TRUE(a.AddChunk(Chunk(v1::TENSOR_Q, 0, 1048576)).ok());
+  ASSERT_TRUE(a.AddChunk(Chunk(v1::TENSOR_K, 0, 1048576)).ok());
+  ASSERT_TRUE(a.AddChunk(Chunk(v1::TENSOR_V, 0, 524288)).ok());
+  absl::Status s = a.Complete();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "v: received 524288 of 1048576 bytes");
+}
+
+TEST(RequestAssemblerTest, RejectsSecondHeaderAndChunkBeforeHeader) {
+  RequestAssembler a(AssemblerOptions{});
+  absl::Status s = a.AddChunk(Chunk(v1::TENSOR_Q, 0, 4));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "header: must be the first message");
+  ASSERT_TRUE(a.AddHeader(Header(1, 4, 1, 1, 4)).ok());
+  s = a.AddHeader(Header(1, 4, 1, 1, 4));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "header: sent twice");
+  v1::AttendRequest empty;
+  EXPECT_THAT(a.Add(empty).message(), HasSubstr("request.message"));
+}
+
+TEST(RequestAssemblerTest, RejectsWrongTensorKindAndOversizedChunk) {
+  RequestAssembler a(AssemblerOptions{.max_chunk_bytes = 16});
+  ASSERT_TRUE(a.AddHeader(Header(1, 64, 1, 1, 4)).ok());
+  EXPECT_THAT(a.AddChunk(Chunk(v1::TENSOR_O, 0, 4)).message(),
+              HasSubstr("chunk.tensor: must be TENSOR_Q, TENSOR_K or TENSOR_V, got TENSOR_O"));
+  EXPECT_THAT(a.AddChunk(Chunk(v1::TENSOR_Q, 0, 17)).message(),
+              HasSubstr("above --max-chunk-bytes=16"));
+}
+
+TEST(RequestAssemblerTest, RejectsHugeHeaderWithoutAllocating) {
+  MemoryTracker tracker;
+  RequestAssembler a(AssemblerOptions{.tracker = &tracker});
+  absl::Status s = a.AddHeader(Header(1, 1000000000000, 16, 16, 128));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("header.tokens"));
+  EXPECT_THAT(s.message(), HasSubstr("--max-request-bytes=8589934592"));
+  EXPECT_EQ(tracker.peak_bytes(), 0);
+  EXPECT_FALSE(a.has_header());
+  // Products that overflow int64 saturate instead of wrapping to something small.
+  s = a.AddHeader(Header(INT64_MAX / 2, INT64_MAX / 2, 1 << 20, 1 << 20, 256));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("more than 2^63"));
+  EXPECT_EQ(tracker.peak_bytes(), 0);
+}
+
+TEST(RequestAssemblerTest, ValidatesHeaderFields) {
+  RequestAssembler a(AssemblerOptions{});
+  v1::AttendHeader h = Header(1, 64, 4, 3, 8);
+  EXPECT_THAT(a.AddHeader(h).message(), HasSubstr("header.q_heads: 4 is not a multiple"));
+  h = Header(1, 0, 4, 4, 8);
+  EXPECT_THAT(a.AddHeader(h).message(), HasSubstr("header.tokens: must be >= 1, got 0"));
+  h = Header(1, 64, 4, 4, 8, v1::DTYPE_UNSPECIFIED);
+  EXPECT_THAT(a.AddHeader(h).message(), HasSubstr("header.dtype: must be set"));
+  h = Header(1, 64, 4, 4, 8);
+  h.mutable_spec()->Clear();
+  EXPECT_EQ(a.AddHeader(h).message(),
+            "spec.pattern: one of dense, window, dilated, block_sparse must be set");
+  h = Header(1, 64, 4, 4, 8);
+  h.mutable_spec()->mutable_window()->set_size(-1);
+  EXPECT_THAT(a.AddHeader(h).message(), HasSubstr("spec.window"));
+  h = Header(1, 64, 4, 4, 8);
+  h.set_response_chunk_bytes(-5);
+  EXPECT_THAT(a.AddHeader(h).message(), HasSubstr("header.response_chunk_bytes"));
+  EXPECT_FALSE(a.has_header());
+}
+
+}  // namespace
+}  // namespace attnserve
