@@ -90,6 +90,18 @@ absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.num_q_blocks != (p.seqlen + p.block_size - 1) / p.block_size) {
     return absl::InvalidArgumentError("flash_fwd: num_q_blocks does not cover seqlen");
   }
+  const int64_t seqlen_k = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+  if (p.col_idx == nullptr) {
+    // The implicit dense row walks [0, num_k_blocks): it must cover the keys exactly.
+    if (p.num_k_blocks != (seqlen_k + p.block_size - 1) / p.block_size) {
+      return absl::InvalidArgumentError("flash_fwd: num_k_blocks does not cover seqlen_k");
+    }
+    // Implicit causal keeps blocks [0, row] of a square, aligned layout.
+    if (p.dense_causal && (seqlen_k != p.seqlen || p.q_pos_offset != p.k_pos_offset)) {
+      return absl::InvalidArgumentError(
+          "flash_fwd: implicit dense causal needs seqlen_k == seqlen and equal position offsets");
+    }
+  }
   // cp.async moves 16-byte chunks: every row start must be 16-byte aligned.
   for (int64_t s : {p.q_batch_stride, p.q_seg_stride, p.q_row_stride, p.q_head_stride,
                     p.k_batch_stride, p.k_seg_stride, p.k_row_stride, p.k_head_stride,

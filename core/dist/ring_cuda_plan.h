@@ -31,12 +31,12 @@ namespace attnserve {
 enum class RingPieceKind { kFull, kCausalDiagonal, kLayout };
 
 struct RingPiece {
-  TokenRange q;        // global query positions
-  TokenRange k;        // global key positions
-  int64_t q_row = 0;   // local row of q.begin in the rank's query shard
-  int64_t k_row = 0;   // local row of k.begin in the source rank's K/V shard
+  TokenRange q;       // global query positions
+  TokenRange k;       // global key positions
+  int64_t q_row = 0;  // local row of q.begin in the rank's query shard
+  int64_t k_row = 0;  // local row of k.begin in the source rank's K/V shard
   RingPieceKind kind = RingPieceKind::kFull;
-  RectLayout layout;   // kLayout only; tile = the plan's block size
+  RectLayout layout;           // kLayout only; tile = the plan's block size
   int64_t admitted_pairs = 0;  // per (batch, query head)
 };
 
@@ -54,8 +54,8 @@ struct RingCudaPlan {
   std::vector<std::vector<TokenRange>> split;  // per rank, ascending
   std::vector<int64_t> shard_tokens;           // per rank: tokens it holds
   int64_t max_shard_tokens = 0;
-  std::vector<std::vector<RingStep>> steps;    // [rank][step], P steps each
-  std::vector<int64_t> admitted_pairs;         // per rank, per (batch, query head)
+  std::vector<std::vector<RingStep>> steps;  // [rank][step], P steps each
+  std::vector<int64_t> admitted_pairs;       // per rank, per (batch, query head)
 };
 
 struct RingCudaPlanOptions {
@@ -66,8 +66,8 @@ struct RingCudaPlanOptions {
 };
 
 // Plans a ring over `ranks` ranks for a sequence of n tokens. UNIMPLEMENTED for dilated specs
-// (their branches would run as separate gathered rings; not implemented on CUDA yet: use the
-// single-GPU or data-parallel placement), INVALID_ARGUMENT for ranks < 1 or a bad block size.
+// (they need no ring when segments fit in shards, see RingAttentionCuda; moving dilated segments
+// between GPUs is not implemented), INVALID_ARGUMENT for ranks < 1 or a bad block size.
 absl::StatusOr<RingCudaPlan> PlanRingCuda(const AttentionSpec& spec, int64_t n, int ranks,
                                           const RingCudaPlanOptions& options = {});
 

@@ -6,7 +6,9 @@
 // unless the tile is ragged, kCausalDiagonal: key <= query, kPartial: TokenRule), and keeps an
 // online softmax in f32 with exp2 and a log2(e)-prescaled scale. Writes O in the input dtype and
 // LSE (natural log) in f32; rows with no admissible key get O = 0 and LSE = -inf. In accumulate
-// mode (dilated branches) it LSE-merges into an f32 O and the LSE instead of storing.
+// mode (dilated branches, ring steps) it LSE-merges into an f32 O and the LSE instead of storing.
+// Queries and keys may be different shards (seqlen_k, q/k_pos_offset): masks compare global
+// positions.
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_FLASH_FWD_KERNEL_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_FLASH_FWD_KERNEL_CUH_
 
@@ -185,7 +187,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) Fl
       p.lse + batch * p.lse_batch_stride + seg * p.lse_seg_stride + head * p.lse_head_stride;
 
   const int64_t q0 = row * kBlockM;
-  const int64_t n = p.seqlen;
+  const int64_t n = p.seqlen;                                 // query rows
+  const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;  // key rows
+  // Global query position minus global key position = local query row - local key row + delta.
+  const int64_t delta = p.q_pos_offset - p.k_pos_offset;
 
   // Kept key blocks of this row.
   RowBlocks blocks;
@@ -211,8 +216,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) Fl
     int mask;
     const int64_t k0 = tile_key_start(tile, mask);
     const uint32_t base = smem_kv_addr + stage * kStageBytes;
-    LoadTile<Traits, kBlockN>(base, k_base, p.k_row_stride, k0, n);
-    LoadTile<Traits, kBlockN>(base + kVOffsetBytes, v_base, p.v_row_stride, k0, n);
+    LoadTile<Traits, kBlockN>(base, k_base, p.k_row_stride, k0, nk);
+    LoadTile<Traits, kBlockN>(base + kVOffsetBytes, v_base, p.v_row_stride, k0, nk);
   };
 
   // Prologue: Q plus the first kStages - 1 key tiles, one commit group each (Q rides with tile 0).
@@ -280,10 +285,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) Fl
 
     int mask;
     const int64_t k0 = tile_key_start(tile, mask);
-    // Tiles wholly past the sequence end (second half of a short last block): nothing to do.
-    if (k0 >= n) continue;
+    // Tiles wholly past the key end (second half of a short last block): nothing to do.
+    if (k0 >= nk) continue;
     // Causal diagonal: a warp whose last row precedes the tile's first key sees only masked keys.
-    if (mask == 1 && k0 > warp_row0 + kRowsPerWarp - 1) continue;
+    if (mask == 1 && k0 > warp_row0 + kRowsPerWarp - 1 + delta) continue;
     if (warp_row0 >= n) continue;  // rows past the end (ragged last query block)
 
     const int stage = static_cast<int>(tile % kStages);
@@ -294,8 +299,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) Fl
 #pragma unroll
     for (int sub = 0; sub < kBlockN / kSubN; ++sub) {
       const int64_t ks = k0 + sub * kSubN;  // first key of the sub-tile
-      if (ks >= n) break;
-      if (mask == 1 && ks > warp_row0 + kRowsPerWarp - 1) break;
+      if (ks >= nk) break;
+      if (mask == 1 && ks > warp_row0 + kRowsPerWarp - 1 + delta) break;
       const int srow0 = sub * kSubN;  // its first row in the shared K/V tile
 
       // S = Q K^T: (kRowsPerWarp, kSubN) per warp. Each K fragment feeds every row fragment.
@@ -336,7 +341,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) Fl
       }
 
       // Masking: mask kind per tile (CTA-uniform), plus bounds for a ragged last tile.
-      const bool ragged = ks + kSubN > n;
+      const bool ragged = ks + kSubN > nk;
       if (mask != 0 || ragged) {
 #pragma unroll
         for (int f = 0; f < kMFrags; ++f) {
@@ -345,8 +350,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) Fl
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               const int64_t key = ks + i * 8 + 2 * t + (j & 1);
-              const int64_t qr = my_row(f, j >> 1);
-              bool ok = key < n;
+              const int64_t qr = my_row(f, j >> 1) + delta;  // in key-row coordinates
+              bool ok = key < nk;
               if (mask == 1) {
                 ok = ok && key <= qr;
               } else if (mask == 2) {

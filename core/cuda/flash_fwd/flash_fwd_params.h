@@ -37,7 +37,12 @@ struct FlashFwdParams {
 
   int32_t batch = 1;        // batches; grid.z = batch * num_segs
   int32_t num_segs = 1;     // equal-length segments per batch (1 for plain attention)
-  int64_t seqlen = 0;       // tokens per segment (queries and keys)
+  int64_t seqlen = 0;       // query tokens per segment (and key tokens when seqlen_k < 0)
+  int64_t seqlen_k = -1;    // key tokens per segment; -1: equal to seqlen
+  // Global positions of query row 0 and key row 0: kCausalDiagonal and kPartial blocks compare
+  // (q_pos_offset + query row) with (k_pos_offset + key row). Both 0 for self-attention.
+  int64_t q_pos_offset = 0;
+  int64_t k_pos_offset = 0;
 
   // Heads: CTA head index i (grid.y, i < num_heads) works on query head
   // h = head_start + i * head_step, which reads kv head h / kv_group.
@@ -54,7 +59,9 @@ struct FlashFwdParams {
   float scale_log2 = 0.f;   // scale * log2(e): the kernel works in exp2
 
   // Block layout (device memory). When col_idx is null the layout is the implicit dense one:
-  // row r keeps blocks [0, num_k_blocks) (causal: [0, r], the diagonal masked kCausalDiagonal).
+  // row r keeps blocks [0, num_k_blocks) (causal: [0, r], the diagonal masked kCausalDiagonal;
+  // causal needs seqlen_k == seqlen and equal position offsets). A CSR may be rectangular:
+  // num_q_blocks rows over the query blocks, columns are key blocks in [0, num_k_blocks).
   const int64_t* row_ptr = nullptr;   // num_q_blocks + 1
   const int32_t* col_idx = nullptr;   // kept key blocks, ascending per row
   const uint8_t* block_mask = nullptr;  // BlockMask per entry of col_idx

@@ -1,0 +1,364 @@
+// The CUDA ring (core/dist/ring_cuda) against the float64 reference and the single-GPU plan:
+// dense, window and block_sparse, causal (zigzag) and not, N not divisible by P or the block.
+// - the ring's pieces (ring_cuda_plan.h) launched on one GPU over the full tensors, accumulating
+//   into one f32 O/LSE: checks the kernel's seqlen_k / global-position masks / accumulate
+//   epilogue without NCCL (needs 1 GPU);
+// - RingAttentionCuda over devices {0, 1} with NCCL (needs 2 GPUs; that part skips otherwise).
+// Outputs are poisoned before every run so unwritten elements show.
+#include "core/dist/ring_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/attention_ops.h"
+#include "core/cuda/caching_allocator.h"
+#include "core/cuda/cuda_attention.h"
+#include "core/cuda/cuda_device.h"
+#include "core/dist/ring_cuda_plan.h"
+#include "core/reference/reference.h"
+#include "core/spec/attention_spec.h"
+#include "core/util/status_macros.h"
+#include "gtest/gtest.h"
+#include "tests/testing/attention_test_util.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::FreshSeed;
+using ::attnserve::testing::MakeRandomInputs;
+using ::attnserve::testing::ShapeString;
+
+constexpr double kOTol = 1e-2;    // bf16: max |o - ref| / max |ref|
+constexpr double kLseTol = 2e-3;  // as tests/gpu/cuda_attention_test.cc for bf16
+
+struct Case {
+  std::string name;
+  AttentionSpec spec;
+  AttentionShape shape;
+};
+
+AttentionSpec Dense(bool causal) {
+  AttentionSpec s;
+  s.pattern = DenseSpec{};
+  s.causal = causal;
+  return s;
+}
+AttentionSpec Window(int64_t w, bool causal) {
+  AttentionSpec s;
+  s.pattern = WindowSpec{w};
+  s.causal = causal;
+  return s;
+}
+AttentionSpec Sparse(int32_t block, BlockGenerator gen, bool causal) {
+  AttentionSpec s;
+  BlockSparseSpec bs;
+  bs.block_size = block;
+  bs.generator = std::move(gen);
+  s.pattern = bs;
+  s.causal = causal;
+  return s;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  const AttentionShape mha{1, 1000, 4, 4, 128};  // N not divisible by P or by the block
+  const AttentionShape gqa{2, 777, 4, 2, 64};    // batch 2, GQA, ragged
+  const AttentionShape big{1, 2200, 2, 2, 128};  // several blocks per chunk
+  // Each pattern non-causal then causal, so that a run cut short still covers both.
+  auto both = [&](const std::string& name, const AttentionSpec& plain, const AttentionSpec& causal,
+                  const AttentionShape& shape) {
+    cases.push_back({name, plain, shape});
+    cases.push_back({name + "_causal", causal, shape});
+  };
+  both("dense", Dense(false), Dense(true), mha);
+  both("window100", Window(100, false), Window(100, true), mha);
+  both("sparse_local64", Sparse(64, LocalWindowGen{2}, false), Sparse(64, LocalWindowGen{2}, true),
+       mha);
+  both("dense_gqa", Dense(false), Dense(true), gqa);
+  both("window300_gqa", Window(300, false), Window(300, true), gqa);
+  both("sparse_global64_gqa", Sparse(64, GlobalLocalGen{1, 1}, false),
+       Sparse(64, GlobalLocalGen{1, 1}, true), gqa);
+  both("dense_big", Dense(false), Dense(true), big);
+  both("sparse_strided128", Sparse(128, StridedGen{3, 1}, false),
+       Sparse(128, StridedGen{3, 1}, true), big);
+  return cases;
+}
+
+int GpuCount() { return CudaDeviceCount(); }
+
+struct Outputs {
+  HostTensor o;
+  HostTensor lse;
+};
+
+absl::StatusOr<Outputs> MakeOutputs(const AttentionShape& s) {
+  Outputs out;
+  ATTN_ASSIGN_OR_RETURN(
+      out.o, HostTensor::Create(DType::kBF16, {s.batch, s.tokens, s.q_heads, s.head_dim}));
+  ATTN_ASSIGN_OR_RETURN(out.lse, HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}));
+  out.o.FillBytes(0xFF);
+  out.lse.FillBytes(0xFF);
+  return out;
+}
+
+// The single-GPU plan (CudaAttentionPlan on device 0): what the ring must reproduce.
+void RunSingleGpu(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                  Outputs& out) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  CachingAllocator alloc(0);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    auto plan = CudaAttentionPlan::Create(c.spec, c.shape, DType::kBF16, alloc, stream);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto dq = DeviceBuffer::Create(alloc, q.nbytes());
+    auto dk = DeviceBuffer::Create(alloc, k.nbytes());
+    auto dv = DeviceBuffer::Create(alloc, v.nbytes());
+    auto dout = DeviceBuffer::Create(alloc, out.o.nbytes());
+    auto dlse = DeviceBuffer::Create(alloc, out.lse.nbytes());
+    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dlse.ok());
+    ASSERT_EQ(cudaMemcpy(dq->get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dk->get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv->get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, out.o.nbytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dlse->get(), 0xFF, out.lse.nbytes()), cudaSuccess);
+    const absl::Status st =
+        (*plan)->Run(dq->get(), dk->get(), dv->get(), dout->get(), dlse->as<float>(), stream);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(out.o.data(), dout->get(), out.o.nbytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(out.lse.data(), dlse->get(), out.lse.nbytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Every piece of a `ranks`-rank ring plan, launched on device 0 against the full tensors (rows
+// addressed by global position), all accumulating into one f32 O / LSE.
+void RunPiecesOnOneGpu(const Case& c, int ranks, const HostTensor& q, const HostTensor& k,
+                       const HostTensor& v, Outputs& out) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto plan = PlanRingCuda(c.spec, c.shape.tokens, ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const AttentionShape& s = c.shape;
+  const int64_t nq = s.batch * s.tokens * s.q_heads * s.head_dim;
+  CachingAllocator alloc(0);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    auto dq = DeviceBuffer::Create(alloc, q.nbytes());
+    auto dk = DeviceBuffer::Create(alloc, k.nbytes());
+    auto dv = DeviceBuffer::Create(alloc, v.nbytes());
+    auto dacc = DeviceBuffer::Create(alloc, nq * 4);
+    auto dout = DeviceBuffer::Create(alloc, out.o.nbytes());
+    auto dlse = DeviceBuffer::Create(alloc, out.lse.nbytes());
+    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dacc.ok() && dout.ok() && dlse.ok());
+    ASSERT_EQ(cudaMemcpy(dq->get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dk->get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv->get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, out.o.nbytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dacc->get(), 0, nq * 4), cudaSuccess);
+    ASSERT_EQ(LaunchFillFloat(dlse->as<float>(), -INFINITY, out.lse.numel(), stream), cudaSuccess);
+    std::vector<DeviceBuffer> keep;  // the pieces' CSRs, alive until the stream is synchronized
+    int64_t launches = 0;
+    for (int p = 0; p < ranks; ++p) {
+      for (const RingStep& step : plan->steps[p]) {
+        for (RingPiece piece : step.pieces) {
+          piece.q_row = piece.q.begin;  // full tensors: local row = global position
+          piece.k_row = piece.k.begin;
+          RingPieceOperands ops;
+          ops.q = dq->get();
+          ops.k = dk->get();
+          ops.v = dv->get();
+          ops.o_acc = dacc->as<float>();
+          ops.lse = dlse->as<float>();
+          ops.q_tokens = ops.kv_tokens = s.tokens;
+          ops.shape = s;
+          ops.dtype = DType::kBF16;
+          ops.scale = EffectiveScale(c.spec, s.head_dim);
+          ops.block_size = plan->block_size;
+          if (piece.kind == RingPieceKind::kLayout) {
+            const RectLayout& l = piece.layout;
+            std::vector<uint8_t> mask(l.mask.size());
+            for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(l.mask[i]);
+            auto rp = DeviceBuffer::Create(alloc, l.row_ptr.size() * 8);
+            auto ci = DeviceBuffer::Create(alloc, std::max<size_t>(1, l.col_idx.size()) * 4);
+            auto mk = DeviceBuffer::Create(alloc, std::max<size_t>(1, mask.size()));
+            ASSERT_TRUE(rp.ok() && ci.ok() && mk.ok());
+            ASSERT_EQ(cudaMemcpy(rp->get(), l.row_ptr.data(), l.row_ptr.size() * 8,
+                                 cudaMemcpyHostToDevice),
+                      cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(ci->get(), l.col_idx.data(), l.col_idx.size() * 4,
+                                 cudaMemcpyHostToDevice),
+                      cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(mk->get(), mask.data(), mask.size(), cudaMemcpyHostToDevice),
+                      cudaSuccess);
+            ops.row_ptr = rp->as<int64_t>();
+            ops.col_idx = ci->as<int32_t>();
+            ops.block_mask = mk->as<uint8_t>();
+            keep.push_back(std::move(*rp));
+            keep.push_back(std::move(*ci));
+            keep.push_back(std::move(*mk));
+          }
+          const absl::Status st = LaunchRingPiece(piece, ops, stream);
+          ASSERT_TRUE(st.ok()) << st;
+          ++launches;
+        }
+      }
+    }
+    EXPECT_GT(launches, 0);
+    ASSERT_EQ(LaunchConvert(DType::kF32, dacc->get(), DType::kBF16, dout->get(), nq, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(out.o.data(), dout->get(), out.o.nbytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(out.lse.data(), dlse->get(), out.lse.nbytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// |a - b| figures of two bf16 outputs (the ring against the single-GPU plan): both round the same
+// f32 math, so they differ by the merge order (f32) plus one bf16 rounding.
+void ExpectClose(const Outputs& a, const Outputs& b, const char* what) {
+  std::vector<float> oa(a.o.numel()), ob(b.o.numel());
+  a.o.ToFloat32(oa.data());
+  b.o.ToFloat32(ob.data());
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < oa.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(oa[i] - ob[i])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(ob[i])));
+  }
+  EXPECT_LE(max_diff, kOTol * std::max(max_ref, 1e-30)) << what << ": O differs by " << max_diff;
+  const float* la = a.lse.data_as<float>();
+  const float* lb = b.lse.data_as<float>();
+  double lse_diff = 0;
+  for (int64_t i = 0; i < a.lse.numel(); ++i) {
+    if (std::isinf(lb[i])) {
+      EXPECT_EQ(la[i], lb[i]) << what << ": LSE " << i;
+      continue;
+    }
+    lse_diff = std::max(lse_diff, static_cast<double>(std::fabs(la[i] - lb[i])));
+  }
+  EXPECT_LE(lse_diff, kLseTol) << what << ": LSE differs";
+}
+
+void ExpectMatchesReference(const ReferenceResult& ref, const Outputs& out, const char* what) {
+  const ErrorStats e = CompareToReference(ref, out.o, &out.lse);
+  EXPECT_EQ(e.nonfinite, 0) << what << ": unwritten or non-finite outputs";
+  EXPECT_LE(e.o_rel, kOTol) << what << ": o max abs err " << e.o_max_abs << " / max|ref| "
+                            << e.o_ref_max_abs;
+  EXPECT_LE(e.lse_max_abs, kLseTol) << what << ": lse max abs err";
+}
+
+class RingCudaTest : public ::testing::TestWithParam<Case> {};
+
+// One reference per case (the float64 reference dominates the test's time), then: the ring's
+// pieces emulated on one GPU for 2 and 3 ranks, and (with 2 GPUs) the NCCL ring over {0, 1}.
+TEST_P(RingCudaTest, MatchesReferenceAndSingleGpu) {
+  if (GpuCount() < 1) GTEST_SKIP() << "no CUDA device available";
+  const Case& c = GetParam();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat(c.name, " ", ShapeString(c.shape, DType::kBF16), " seed=", seed));
+  std::printf("[ case ] %s seed=%llu\n", c.name.c_str(), static_cast<unsigned long long>(seed));
+  auto in = MakeRandomInputs(c.shape, DType::kBF16, seed);
+  auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto single = MakeOutputs(c.shape);
+  ASSERT_TRUE(single.ok());
+  RunSingleGpu(c, in.q, in.k, in.v, *single);
+  if (HasFatalFailure()) return;
+  ExpectMatchesReference(*ref, *single, "single GPU vs reference");
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("emulated ranks=", ranks));
+    auto out = MakeOutputs(c.shape);
+    ASSERT_TRUE(out.ok());
+    RunPiecesOnOneGpu(c, ranks, in.q, in.k, in.v, *out);
+    if (HasFatalFailure()) return;
+    ExpectMatchesReference(*ref, *out, "pieces vs reference");
+    ExpectClose(*out, *single, "pieces vs single GPU");
+  }
+
+  if (GpuCount() < 2) {
+    std::printf("[ skip ] 2-GPU ring: found %d GPU(s)\n", GpuCount());
+    return;
+  }
+  std::vector<RingCudaRankStats> stats;
+  auto ring = RingAttentionCuda(c.spec, in.q, in.k, in.v, {0, 1}, {}, &stats);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  Outputs out{std::move(ring->o), std::move(ring->lse)};
+  ExpectMatchesReference(*ref, out, "ring vs reference");
+  ExpectClose(out, *single, "ring vs single GPU");
+  // Each rank sent its own K/V shard once and received the other's.
+  ASSERT_EQ(stats.size(), 2u);
+  auto plan = PlanRingCuda(c.spec, c.shape.tokens, 2);
+  ASSERT_TRUE(plan.ok());
+  const int64_t row_bytes = 2 * c.shape.batch * c.shape.kv_heads * c.shape.head_dim * 2;
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(stats[p].steps, 2);
+    EXPECT_EQ(stats[p].bytes_sent, plan->shard_tokens[p] * row_bytes) << "rank " << p;
+    EXPECT_EQ(stats[p].bytes_received, plan->shard_tokens[1 - p] * row_bytes) << "rank " << p;
+  }
+  std::printf("[ ring ] %s: 2 GPUs ok, NCCL bytes sent %lld / %lld\n", c.name.c_str(),
+              static_cast<long long>(stats[0].bytes_sent),
+              static_cast<long long>(stats[1].bytes_sent));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, RingCudaTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+TEST(RingCudaHostApiTest, F32InputsAndDilatedTooLong) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  const AttentionShape shape{1, 515, 2, 2, 64};
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  auto in = MakeRandomInputs(shape, DType::kF32, seed);
+  const AttentionSpec spec = Dense(true);
+  auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok());
+  auto ring = RingAttentionCuda(spec, in.q, in.k, in.v, {0, 1});
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(ring->o.dtype(), DType::kF32);
+  const ErrorStats e = CompareToReference(*ref, ring->o, &ring->lse);
+  EXPECT_EQ(e.nonfinite, 0);
+  EXPECT_LE(e.o_rel, kOTol);
+  EXPECT_LE(e.lse_max_abs, 3e-2);  // f32 inputs are rounded to bf16 first
+
+  // Segments longer than a shard could be: the ring reports it cannot place the spec.
+  AttentionSpec too_long;
+  too_long.pattern = DilatedSpec{{1024}, {1}};
+  auto d = RingAttentionCuda(too_long, in.q, in.k, in.v, {0, 1});
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kUnimplemented) << d.status();
+}
+
+// Dilated specs run shard-locally (segments cut on lcm(segment lengths) never cross GPUs).
+TEST(RingCudaHostApiTest, DilatedRunsShardLocal) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  const AttentionShape shape{1, 1000, 4, 2, 64};
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  auto in = MakeRandomInputs(shape, DType::kBF16, seed);
+  for (bool causal : {false, true}) {
+    AttentionSpec spec;
+    spec.pattern = DilatedSpec{{64, 128}, {1, 2}};  // lcm 128: 8 units, ragged last segment
+    spec.causal = causal;
+    auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    auto ring = RingAttentionCuda(spec, in.q, in.k, in.v, {0, 1});
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    Outputs out{std::move(ring->o), std::move(ring->lse)};
+    ExpectMatchesReference(*ref, out, causal ? "dilated causal" : "dilated");
+  }
+}
+
+}  // namespace
+}  // namespace attnserve
