@@ -12,6 +12,14 @@ Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). T
 triton.testing.do_bench, median. Merges attnbench_cuda's JSON (--ours) and writes a JSON and a
 markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
 admitted pairs come from its JSON where available).
+
+attnbench_cuda writes two rows for dense/window cases: "own" (our flash_fwd kernels) and
+"attnserve" (what the service's CudaDevice runs: cuDNN where it can, with `engine` saying which).
+Ratio columns (None where a side is missing):
+  attnserve/flash, attnserve/cuDNN  dense: attnserve TFLOP/s over SDPA flash / SDPA cuDNN TFLOP/s
+  ours/flex time                    block-sparse: our ms over FlexAttention's ms (< 1: we are faster)
+  ours/torch tok/s, ours/torch peak dilated: our tokens/s over PyTorch LongNet's (> 1: faster), and
+                                    our peak bytes over its peak bytes (< 1: less memory)
 """
 import argparse
 import json
@@ -264,6 +272,20 @@ def run_dilated(case, res, segs=(2048, 4096, 8192, 16384), rates=(1, 2, 4, 8)):
 
 
 # ---------------------------------------------------------------- main
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def add_ratios(res):
+    res["attnserve_over_flash"] = ratio(res.get("attnserve_tflops"), res.get("torch_flash_tflops"))
+    res["attnserve_over_cudnn"] = ratio(res.get("attnserve_tflops"), res.get("torch_cudnn_tflops"))
+    res["ours_over_flex_time"] = ratio(res.get("ours_ms"), res.get("flex_ms"))
+    res["ours_over_torch_dilated_throughput"] = ratio(res.get("ours_tokens_per_s"),
+                                                      res.get("torch_dilated_tokens_per_s"))
+    res["ours_over_torch_dilated_peak"] = ratio(res.get("ours_peak_bytes"),
+                                                res.get("torch_dilated_peak_bytes"))
+
+
 def fmt(x, nd=3):
     if x is None:
         return "-"
@@ -288,12 +310,15 @@ def main():
         return
 
     ours = {}
+    served = {}
     meta = {}
     if a.ours and os.path.exists(a.ours):
         with open(a.ours) as f:
             data = json.load(f)
         meta = {k: v for k, v in data.items() if k != "results"}
-        ours = {r["name"]: r for r in data["results"]}
+        # Rows without "variant" (older JSONs) are our kernels.
+        ours = {r["name"]: r for r in data["results"] if r.get("variant", "own") != "attnserve"}
+        served = {r["name"]: r for r in data["results"] if r.get("variant") == "attnserve"}
     cases = list(ours.values())
     if not cases:
         log("compare_torch: no attnbench_cuda results; nothing to compare")
@@ -314,6 +339,12 @@ def main():
                "ours_peak_bytes": case.get("peak_bytes"), "ours_ok": case.get("check", {}).get("ok"),
                "ours_error": case.get("error"), "sparsity": case.get("sparsity"),
                "compile_ms": case.get("compile_ms")}
+        srv = served.get(case["name"])
+        if srv is not None:
+            res.update({"attnserve_engine": srv.get("engine"), "attnserve_ms": srv.get("ms_median"),
+                        "attnserve_tflops": srv.get("tflops"),
+                        "attnserve_ok": srv.get("check", {}).get("ok"),
+                        "attnserve_error": srv.get("error"), "attnserve_note": srv.get("note")})
         log(f"[compare_torch] {case['name']} ...")
         t0 = time.time()
         try:
@@ -332,6 +363,7 @@ def main():
         except Exception as e:
             res["error"] = repr(e)[:300]
             traceback.print_exc()
+        add_ratios(res)
         res["wall_s"] = time.time() - t0
         torch.cuda.empty_cache()
         results.append(res)
@@ -341,21 +373,28 @@ def main():
     # Markdown table.
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"triton {getattr(triton, '__version__', None)}", "",
-             "| case | sparsity | ours ms | ours TFLOP/s | flash ms | flash TFLOP/s | cuDNN ms | "
-             "cuDNN TFLOP/s | flex ms | flex TFLOP/s | torch dilated ms | ours peak GiB | "
-             "torch dilated peak GiB | create_block_mask ms | ours ok |",
-             "|" + "---|" * 15]
+             "| case | sparsity | ours ms | ours TFLOP/s | attnserve engine | attnserve ms | "
+             "attnserve TFLOP/s | flash ms | flash TFLOP/s | cuDNN ms | cuDNN TFLOP/s | "
+             "attnserve/flash | attnserve/cuDNN | flex ms | flex TFLOP/s | ours/flex time | "
+             "torch dilated ms | ours/torch tok/s | ours peak GiB | torch dilated peak GiB | "
+             "ours/torch peak | create_block_mask ms | ours ok | attnserve ok |",
+             "|" + "---|" * 24]
     gib = lambda x: x / 2**30 if x else None
     for r in results:
         lines.append("| " + " | ".join([
             r["name"], fmt(r.get("sparsity"), 4), fmt(r.get("ours_ms")), fmt(r.get("ours_tflops"), 1),
+            fmt(r.get("attnserve_engine")), fmt(r.get("attnserve_ms")),
+            fmt(r.get("attnserve_tflops"), 1),
             fmt(r.get("torch_flash_ms")), fmt(r.get("torch_flash_tflops"), 1),
             fmt(r.get("torch_cudnn_ms")), fmt(r.get("torch_cudnn_tflops"), 1),
-            fmt(r.get("flex_ms")), fmt(r.get("flex_tflops"), 1), fmt(r.get("torch_dilated_ms")),
+            fmt(r.get("attnserve_over_flash"), 2), fmt(r.get("attnserve_over_cudnn"), 2),
+            fmt(r.get("flex_ms")), fmt(r.get("flex_tflops"), 1), fmt(r.get("ours_over_flex_time"), 2),
+            fmt(r.get("torch_dilated_ms")), fmt(r.get("ours_over_torch_dilated_throughput"), 2),
             fmt(gib(r.get("ours_peak_bytes")), 2), fmt(gib(r.get("torch_dilated_peak_bytes")), 2),
+            fmt(r.get("ours_over_torch_dilated_peak"), 2),
             fmt(r.get("create_block_mask_ms"), 1) if "create_block_mask_ms" in r
             else (r.get("create_block_mask_error", "-")[:40] if r["group"] == "compile" else "-"),
-            fmt(r.get("ours_ok"))]) + " |")
+            fmt(r.get("ours_ok")), fmt(r.get("attnserve_ok"))]) + " |")
     md = "\n".join(lines) + "\n"
     with open(a.md, "w") as f:
         f.write(md)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -28,6 +29,10 @@
 #include "core/spec/pattern_compiler.h"
 #include "core/tensor/tensor.h"
 #include "core/util/status_macros.h"
+
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+#include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
+#endif
 
 namespace attnserve::bench {
 namespace {
@@ -194,7 +199,12 @@ struct Check {
   std::string error;
 };
 
-Check SmallCheck(const Case& c, CachingAllocator& alloc, cudaStream_t stream) {
+// Runs one forward of the case's spec at `shape` on device pointers and synchronizes `stream`.
+using SmallRun = std::function<absl::Status(const AttentionShape& shape, const void* q,
+                                            const void* k, const void* v, void* o, float* lse)>;
+
+Check SmallCheck(const Case& c, CachingAllocator& alloc, cudaStream_t stream,
+                 const SmallRun& run_small) {
   Check out;
   const bool dilated = std::holds_alternative<DilatedSpec>(c.spec.pattern);
   const AttentionShape shape =
@@ -216,8 +226,6 @@ Check SmallCheck(const Case& c, CachingAllocator& alloc, cudaStream_t stream) {
     ATTN_ASSIGN_OR_RETURN(HostTensor o, HostTensor::Create(c.dtype, {1, 700, shape.q_heads,
                                                                      shape.head_dim}));
     ATTN_ASSIGN_OR_RETURN(HostTensor lse, HostTensor::Create(DType::kF32, {1, shape.q_heads, 700}));
-    ATTN_ASSIGN_OR_RETURN(auto plan,
-                          CudaAttentionPlan::Create(c.spec, shape, c.dtype, alloc, stream));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Create(alloc, q.nbytes()));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Create(alloc, k.nbytes()));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Create(alloc, v.nbytes()));
@@ -228,7 +236,7 @@ Check SmallCheck(const Case& c, CachingAllocator& alloc, cudaStream_t stream) {
     CUDA_RETURN_IF_ERROR(cudaMemcpy(dv.get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice));
     CUDA_RETURN_IF_ERROR(cudaMemset(d_o.get(), 0xFF, o.nbytes()));  // poison
     CUDA_RETURN_IF_ERROR(cudaMemset(dl.get(), 0xFF, lse.nbytes()));
-    ATTN_RETURN_IF_ERROR(plan->Run(dq.get(), dk.get(), dv.get(), d_o.get(), dl.as<float>(), stream));
+    ATTN_RETURN_IF_ERROR(run_small(shape, dq.get(), dk.get(), dv.get(), d_o.get(), dl.as<float>()));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     CUDA_RETURN_IF_ERROR(cudaMemcpy(o.data(), d_o.get(), o.nbytes(), cudaMemcpyDeviceToHost));
     CUDA_RETURN_IF_ERROR(cudaMemcpy(lse.data(), dl.get(), lse.nbytes(), cudaMemcpyDeviceToHost));
@@ -272,6 +280,9 @@ std::string Num(double x) {
 
 struct Result {
   Case c;
+  std::string variant = "own";       // "own": our kernels; "attnserve": what the service runs
+  std::string engine = "flash_fwd";  // the kernels timed: "flash_fwd" or "cudnn"
+  std::string note;                  // why an attnserve row is not on cuDNN
   std::string error;
   double compile_ms = 0;
   double plan_ms = 0;
@@ -282,6 +293,11 @@ struct Result {
   int64_t plan_bytes = 0;
   Check check;
 };
+
+using Launch =
+    std::function<absl::Status(const void* q, const void* k, const void* v, void* o, float* lse)>;
+absl::Status TimeLaunches(const Launch& launch, const Case& c, const CudaBenchOptions& opt,
+                          CachingAllocator& alloc, cudaStream_t stream, Result& r);
 
 absl::Status RunCase(const Case& c, const CudaBenchOptions& opt, CachingAllocator& alloc,
                      cudaStream_t stream, Result& r) {
@@ -315,7 +331,15 @@ absl::Status RunCase(const Case& c, const CudaBenchOptions& opt, CachingAllocato
   r.flops = plan->flops();
   r.sparsity = plan->sparsity();
   r.plan_bytes = plan->plan_bytes();
+  return TimeLaunches([&](const void* q, const void* k, const void* v, void* o,
+                          float* lse) { return plan->Run(q, k, v, o, lse, stream); },
+                      c, opt, alloc, stream, r);
+}
 
+// Allocates and fills the case's inputs on the device, then times `launch` with CUDA events:
+// warm-up runs, then the median (min, max) of the timed runs; records the allocator's peak.
+absl::Status TimeLaunches(const Launch& launch, const Case& c, const CudaBenchOptions& opt,
+                          CachingAllocator& alloc, cudaStream_t stream, Result& r) {
   const int64_t b = c.shape.batch, n = c.shape.tokens, hq = c.shape.q_heads,
                 hkv = c.shape.kv_heads, d = c.shape.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(c.dtype));
@@ -331,7 +355,7 @@ absl::Status RunCase(const Case& c, const CudaBenchOptions& opt, CachingAllocato
   const int warmup = c.warmup >= 0 ? c.warmup : opt.warmup;
   const int iters = c.iters >= 0 ? c.iters : opt.iters;
   for (int i = 0; i < warmup; ++i) {
-    ATTN_RETURN_IF_ERROR(plan->Run(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), stream));
+    ATTN_RETURN_IF_ERROR(launch(q.get(), k.get(), v.get(), o.get(), lse.as<float>()));
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   cudaEvent_t e0, e1;
@@ -341,7 +365,7 @@ absl::Status RunCase(const Case& c, const CudaBenchOptions& opt, CachingAllocato
   absl::Status st;
   for (int i = 0; i < iters && st.ok(); ++i) {
     cudaEventRecord(e0, stream);
-    st = plan->Run(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), stream);
+    st = launch(q.get(), k.get(), v.get(), o.get(), lse.as<float>());
     cudaEventRecord(e1, stream);
     const cudaError_t err = cudaEventSynchronize(e1);
     if (err != cudaSuccess) st = CudaErrorToStatus(err, "cudaEventSynchronize", __FILE__, __LINE__);
@@ -527,6 +551,127 @@ class CudaBenchBackend final : public BenchBackend {
   AttentionOutputs out_;
 };
 
+bool DenseOrWindow(const AttentionSpec& spec) {
+  return std::holds_alternative<DenseSpec>(spec.pattern) ||
+         std::holds_alternative<WindowSpec>(spec.pattern);
+}
+
+// The cuDNN engine as attnserve's CudaDevice holds it (one per device, workspace from the
+// device's caching allocator on its one stream), created on first use, and the same choice
+// CudaDevice makes in its default (auto) mode: cuDNN when the case is in CudnnSdpaSupports, our
+// kernels support the head dim too, and the loaded cuDNN has an engine for it.
+class AttnserveEngine {
+ public:
+  AttnserveEngine(int device, CachingAllocator& alloc) : device_(device), alloc_(alloc) {}
+
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  // The engine to time `c` on, or null with `why` set when attnserve would run flash_fwd.
+  CudnnSdpa* For(const Case& c, std::string* why) {
+    const absl::StatusOr<bool> meant = CudnnSdpaSupports(c.spec, c.shape, c.dtype);
+    if (!meant.ok() || !*meant || !CudaSupportsHeadDim(c.shape.head_dim)) {
+      *why = "outside the cuDNN engine's cases";
+      return nullptr;
+    }
+    if (sdpa_ == nullptr && status_.ok()) {
+      CudnnSdpa::Options options;
+      options.device = device_;
+      options.workspace.allocate = [this](size_t bytes) -> absl::StatusOr<void*> {
+        return alloc_.Allocate(bytes);
+      };
+      options.workspace.free = [this](void* ptr) { alloc_.Free(ptr); };
+      absl::StatusOr<std::unique_ptr<CudnnSdpa>> made = CudnnSdpa::Create(options);
+      if (made.ok()) {
+        sdpa_ = *std::move(made);
+      } else {
+        status_ = made.status();
+      }
+    }
+    if (sdpa_ == nullptr) {
+      *why = absl::StrCat("cuDNN unavailable: ", status_.ToString());
+      return nullptr;
+    }
+    const absl::StatusOr<bool> has = sdpa_->Supports(c.spec, c.shape, c.dtype);
+    if (!has.ok() || !*has) {
+      *why = has.ok() ? "cuDNN has no engine for the case" : has.status().ToString();
+      return nullptr;
+    }
+    return sdpa_.get();
+  }
+  std::string Describe() const {
+    if (sdpa_ != nullptr) {
+      return absl::StrCat(sdpa_->backend_version(), " from ", sdpa_->library());
+    }
+    return status_.ok() ? "not loaded" : status_.ToString();
+  }
+  void Reset() { sdpa_.reset(); }
+#else
+  std::string Describe() const { return "not built (no cudnn_frontend headers)"; }
+  void Reset() {}
+#endif
+
+ private:
+  const int device_;
+  CachingAllocator& alloc_;
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  std::unique_ptr<CudnnSdpa> sdpa_;
+  absl::Status status_;  // why sdpa_ could not be created
+#endif
+};
+
+// The "attnserve" row of a dense/window case: cuDNN timed the same way as our kernels (same
+// inputs, warm-up, median), checked at the small size; or, where attnserve would run our kernels,
+// the own row again with the reason in `note`.
+Result RunAttnserveRow(const Case& c, const Result& own, const CudaBenchOptions& opt,
+                       AttnserveEngine& served, CachingAllocator& alloc, cudaStream_t stream) {
+  Result a;
+  std::string why = "build without the cuDNN path";
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  CudnnSdpa* sdpa = served.For(c, &why);
+  if (sdpa != nullptr) {
+    a.c = c;
+    a.variant = "attnserve";
+    a.engine = "cudnn";
+    alloc.EmptyCache();
+    alloc.ResetPeak();
+    a.flops = own.flops;  // the same exact pair count
+    a.sparsity = own.sparsity;
+    if (a.flops <= 0 && std::holds_alternative<DenseSpec>(c.spec.pattern)) {  // own run failed
+      const double n = static_cast<double>(c.shape.tokens);
+      a.flops = 4.0 * static_cast<double>(c.shape.batch * c.shape.q_heads * c.shape.head_dim) *
+                (c.spec.causal ? n * (n + 1) / 2 : n * n);
+    }
+    const absl::Status st = TimeLaunches(
+        [&](const void* q, const void* k, const void* v, void* o, float* lse) {
+          return sdpa->Forward(c.spec, c.shape, c.dtype, q, k, v, o, lse, stream);
+        },
+        c, opt, alloc, stream, a);
+    if (!st.ok()) {
+      a.error = st.ToString();
+      cudaGetLastError();
+    }
+    a.check = SmallCheck(
+        c, alloc, stream,
+        [&](const AttentionShape& shape, const void* q, const void* k, const void* v, void* o,
+            float* lse) -> absl::Status {
+          ATTN_RETURN_IF_ERROR(sdpa->Forward(c.spec, shape, c.dtype, q, k, v, o, lse, stream));
+          CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+          return absl::OkStatus();
+        });
+    return a;
+  }
+#else
+  (void)served;
+  (void)opt;
+  (void)alloc;
+  (void)stream;
+#endif
+  a = own;
+  a.variant = "attnserve";
+  a.engine = "flash_fwd";
+  a.note = why;
+  return a;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BenchBackend>> MakeCudaBenchBackend(int device) {
@@ -561,23 +706,16 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
   CachingAllocator alloc(opt.device);
   const std::string device = DeviceName(opt.device);
   const char* commit = std::getenv("ATTNSERVE_COMMIT");
+  AttnserveEngine served(opt.device, alloc);
 
   CudaBenchReport report;
   std::vector<std::string> rows;
   std::string md =
-      "| case | spec | B x N x Hq/Hkv x D | ms (median) | TFLOP/s | tokens/s | sparsity | peak GiB "
-      "| compile ms | check rel err | ok |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const Case& c : AllCases()) {
-    if (!Selected(c, opt.cases)) continue;
-    Result r;
-    r.c = c;
-    std::fprintf(stderr, "[attnbench_cuda] %s ...\n", c.name.c_str());
-    const absl::Status st = RunCase(c, opt, alloc, stream, r);
-    if (!st.ok()) {
-      r.error = st.ToString();
-      cudaGetLastError();  // clear a non-sticky error so later cases can run
-    }
-    r.check = SmallCheck(c, alloc, stream);
+      "| case | variant | engine | spec | B x N x Hq/Hkv x D | ms (median) | TFLOP/s | tokens/s "
+      "| sparsity | peak GiB | compile ms | check rel err | ok |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto emit = [&](const Result& r) {
+    const Case& c = r.c;
     if (!r.check.ok) report.all_correct = false;
     const double tflops = r.ms_median > 0 ? r.flops / (r.ms_median * 1e-3) / 1e12 : 0;
     const double tokens_per_s =
@@ -585,7 +723,8 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
                               (r.ms_median * 1e-3)
                         : 0;
     std::string row = absl::StrCat(
-        "{\"name\": \"", c.name, "\", \"group\": \"", c.group, "\", \"spec\": \"",
+        "{\"name\": \"", c.name, "\", \"group\": \"", c.group, "\", \"variant\": \"", r.variant,
+        "\", \"engine\": \"", r.engine, "\", \"note\": \"", JsonEscape(r.note), "\", \"spec\": \"",
         JsonEscape(DescribeSpec(c.spec)), "\", \"dtype\": \"", std::string(DTypeName(c.dtype)),
         "\", \"batch\": ", c.shape.batch, ", \"tokens\": ", c.shape.tokens,
         ", \"q_heads\": ", c.shape.q_heads, ", \"kv_heads\": ", c.shape.kv_heads,
@@ -596,25 +735,57 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
         ", \"tokens_per_s\": ", Num(tokens_per_s), ", \"sparsity\": ", Num(r.sparsity),
         ", \"peak_bytes\": ", r.peak_bytes, ", \"plan_bytes\": ", r.plan_bytes,
         ", \"compile_ms\": ", Num(r.compile_ms), ", \"plan_ms\": ", Num(r.plan_ms),
-        ", \"check\": {\"o_rel\": ", Num(r.check.o_rel), ", \"lse_max_abs\": ",
-        Num(r.check.lse_max_abs), ", \"nonfinite\": ", r.check.nonfinite,
-        ", \"ok\": ", r.check.ok ? "true" : "false", ", \"error\": \"",
-        JsonEscape(r.check.error), "\"}, \"error\": \"", JsonEscape(r.error), "\"}");
+        ", \"check\": {\"o_rel\": ", Num(r.check.o_rel),
+        ", \"lse_max_abs\": ", Num(r.check.lse_max_abs), ", \"nonfinite\": ", r.check.nonfinite,
+        ", \"ok\": ", r.check.ok ? "true" : "false", ", \"error\": \"", JsonEscape(r.check.error),
+        "\"}, \"error\": \"", JsonEscape(r.error), "\"}");
     std::printf("%s\n", row.c_str());
     std::fflush(stdout);
     rows.push_back(std::move(row));
     absl::StrAppendFormat(
-        &md, "| %s | %s | %d x %d x %d/%d x %d | %.3f | %.1f | %.3g | %.4f | %.2f | %.1f | %.2e | %s |\n",
-        c.name, DescribeSpec(c.spec), c.shape.batch, c.shape.tokens, c.shape.q_heads,
-        c.shape.kv_heads, c.shape.head_dim, r.ms_median, tflops, tokens_per_s, r.sparsity,
-        static_cast<double>(r.peak_bytes) / (1ull << 30), r.compile_ms, r.check.o_rel,
+        &md,
+        "| %s | %s | %s | %s | %d x %d x %d/%d x %d | %.3f | %.1f | %.3g | %.4f | %.2f | %.1f | "
+        "%.2e | %s |\n",
+        c.name, r.variant, r.engine, DescribeSpec(c.spec), c.shape.batch, c.shape.tokens,
+        c.shape.q_heads, c.shape.kv_heads, c.shape.head_dim, r.ms_median, tflops, tokens_per_s,
+        r.sparsity, static_cast<double>(r.peak_bytes) / (1ull << 30), r.compile_ms, r.check.o_rel,
         r.error.empty() ? (r.check.ok ? "yes" : "CHECK FAILED") : ("ERROR: " + r.error));
+  };
+
+  for (const Case& c : AllCases()) {
+    if (!Selected(c, opt.cases)) continue;
+    Result r;
+    r.c = c;
+    std::fprintf(stderr, "[attnbench_cuda] %s ...\n", c.name.c_str());
+    const absl::Status st = RunCase(c, opt, alloc, stream, r);
+    if (!st.ok()) {
+      r.error = st.ToString();
+      cudaGetLastError();  // clear a non-sticky error so later cases can run
+    }
+    r.check = SmallCheck(c, alloc, stream,
+                         [&](const AttentionShape& shape, const void* q, const void* k,
+                             const void* v, void* o, float* lse) -> absl::Status {
+                           ATTN_ASSIGN_OR_RETURN(
+                               auto plan,
+                               CudaAttentionPlan::Create(c.spec, shape, c.dtype, alloc, stream));
+                           ATTN_RETURN_IF_ERROR(plan->Run(q, k, v, o, lse, stream));
+                           CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+                           return absl::OkStatus();
+                         });
+    emit(r);
+    // Dense/window cases: a second row for what attnserve's CudaDevice runs (cuDNN where it can).
+    if (DenseOrWindow(c.spec)) {
+      std::fprintf(stderr, "[attnbench_cuda] %s (attnserve) ...\n", c.name.c_str());
+      emit(RunAttnserveRow(c, r, opt, served, alloc, stream));
+    }
   }
+  served.Reset();
   alloc.EmptyCache();
   cudaStreamDestroy(stream);
   report.json = absl::StrCat("{\"device\": \"", JsonEscape(device), "\", \"date\": \"", NowUtc(),
                              "\", \"commit\": \"", commit ? JsonEscape(commit) : "unknown",
-                             "\", \"command\": \"", JsonEscape(opt.command),
+                             "\", \"command\": \"", JsonEscape(opt.command), "\", \"cudnn\": \"",
+                             JsonEscape(served.Describe()),
                              "\", \"flops_formula\": \"4 * B * Hq * D * admitted pairs\", "
                              "\"results\": [\n  ",
                              absl::StrJoin(rows, ",\n  "), "\n]}\n");

@@ -2,16 +2,26 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/cuda/attention_ops.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
 #include "core/util/status_macros.h"
+
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+#include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
+#endif
 
 namespace attnserve {
 namespace {
@@ -26,10 +36,106 @@ std::string UuidString(const cudaUUID_t& u) {
   return s;
 }
 
+// (The helpers marked [[maybe_unused]] serve the cuDNN path, compiled only with
+// ATTNSERVE_HAVE_CUDNN_FRONTEND.)
+
+// Added to the own-kernel estimate where cuDNN may run the case: its workspace (the SDPA forward
+// usually asks for none, some engines a few MiB) with room to spare. The f32 -> bf16 copies the
+// cuDNN path makes are the same bytes CudaAttentionPlan::EstimateBytes already counts.
+constexpr int64_t kCudnnWorkspaceMarginBytes = int64_t{64} << 20;
+// Block size the sparsity of dense/window runs is reported at (CompileOptions' default, so both
+// engines report the same figure).
+constexpr int64_t kReportBlockSize = 128;
+// Bound of the per-case engine memory (a few hundred bytes each); cleared when reached.
+constexpr size_t kMaxRememberedCases = 4096;
+
+enum class Chosen { kCudnn, kOwn };
+
+std::string_view ChosenName(Chosen c) {
+  return c == Chosen::kCudnn ? kEngineCudnn : kEngineFlashFwd;
+}
+
+bool DenseOrWindow(const AttentionSpec& spec) {
+  return std::holds_alternative<DenseSpec>(spec.pattern) ||
+         std::holds_alternative<WindowSpec>(spec.pattern);
+}
+
+// The dtype the kernels compute in: f32 inputs are converted to bf16 on the device first.
+[[maybe_unused]] DType ComputeDType(DType dtype) {
+  return dtype == DType::kF32 ? DType::kBF16 : dtype;
+}
+
+// Largest |i - j| admitted by a dense or window spec over n tokens.
+int64_t BandWidth(const AttentionSpec& spec, int64_t n) {
+  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) return std::min(w->size, n);
+  return n;
+}
+
+// Admitted (query, key) pairs of a dense or window spec over n tokens, exactly (O(n)).
+[[maybe_unused]] double BandPairs(const AttentionSpec& spec, int64_t n) {
+  if (std::holds_alternative<DenseSpec>(spec.pattern)) {
+    const double dn = static_cast<double>(n);
+    return spec.causal ? dn * (dn + 1) / 2 : dn * dn;
+  }
+  const int64_t ws = BandWidth(spec, n);
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t lo = std::max<int64_t>(0, i - ws);
+    const int64_t hi = spec.causal ? i : std::min(n - 1, i + ws);
+    pairs += hi - lo + 1;
+  }
+  return static_cast<double>(pairs);
+}
+
+// Fraction of (query block, key block) pairs with no admitted pair, blocks of `block` tokens: what
+// the own kernels' layout of the same spec reports (O(n / block)).
+[[maybe_unused]] double BandSparsity(const AttentionSpec& spec, int64_t n, int64_t block) {
+  const int64_t nb = NumBlocks(n, block);
+  if (nb == 0) return 0;
+  const int64_t ws = BandWidth(spec, n);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t q0 = i * block, q1 = std::min(n, q0 + block) - 1;
+    const int64_t k_lo = std::max<int64_t>(0, q0 - ws);
+    const int64_t k_hi = spec.causal ? q1 : std::min(n - 1, q1 + ws);
+    kept += k_hi / block - k_lo / block + 1;
+  }
+  return 1.0 - static_cast<double>(kept) / (static_cast<double>(nb) * static_cast<double>(nb));
+}
+
+// What the engine memory is keyed by: everything a cuDNN graph depends on.
+[[maybe_unused]] std::string CaseKey(const AttentionSpec& spec, const AttentionShape& s,
+                                     DType dtype) {
+  std::string key(std::string(PatternName(spec.pattern)));
+  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern))
+    absl::StrAppend(&key, "(", w->size, ")");
+  if (spec.causal) key += "+causal";
+  if (spec.scale != 0.f) absl::StrAppendFormat(&key, " scale=%a", spec.scale);
+  absl::StrAppendFormat(&key, " [B=%d, N=%d, Hq=%d, Hkv=%d, D=%d] %s", s.batch, s.tokens, s.q_heads,
+                        s.kv_heads, s.head_dim, std::string(DTypeName(dtype)));
+  return key;
+}
+
+// Whether `mode` sends (spec, shape, dtype) to cuDNN first, from the shapes alone (cuDNN itself is
+// asked later, once per case).
+bool CudnnCandidate(AttentionEngine mode, const AttentionSpec& spec, const AttentionShape& shape,
+                    DType dtype) {
+  if (mode == AttentionEngine::kOwn || !DenseOrWindow(spec)) return false;
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  const absl::StatusOr<bool> meant = CudnnSdpaSupports(spec, shape, ComputeDType(dtype));
+  if (!meant.ok() || !*meant) return false;  // the own path reports an invalid spec or shape
+#else
+  if (mode == AttentionEngine::kAuto) return false;
+#endif
+  // auto: only where our kernels could run the case too, so that a cuDNN refusal always has a
+  // fallback and the set of accepted requests does not depend on the host's libcudnn.
+  return mode == AttentionEngine::kCudnn || CudaSupportsHeadDim(shape.head_dim);
+}
+
 class CudaDevice final : public Device {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal) {
-    auto dev = std::unique_ptr<CudaDevice>(new CudaDevice(ordinal));
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal, AttentionEngine engine) {
+    auto dev = std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, engine));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
     CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
@@ -41,11 +147,12 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
-    if (stream_ != nullptr) {
-      cudaSetDevice(ordinal_);
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
+    cudaSetDevice(ordinal_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+    cudnn_.reset();  // before the stream it was last bound to, and the allocator it frees into
+#endif
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -64,9 +171,12 @@ class CudaDevice final : public Device {
     return s;
   }
 
+  // Thread-safe (reads only the fixed engine mode): the scheduler calls it from other threads.
   int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
                         DType dtype) const override {
-    return CudaAttentionPlan::EstimateBytes(spec, shape, dtype);
+    int64_t bytes = CudaAttentionPlan::EstimateBytes(spec, shape, dtype);
+    if (CudnnCandidate(engine_mode_, spec, shape, dtype)) bytes += kCudnnWorkspaceMarginBytes;
+    return bytes;
   }
 
   absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
@@ -82,7 +192,8 @@ class CudaDevice final : public Device {
   }
 
  private:
-  explicit CudaDevice(int ordinal) : ordinal_(ordinal), alloc_(ordinal) {}
+  CudaDevice(int ordinal, AttentionEngine engine)
+      : ordinal_(ordinal), engine_mode_(engine), alloc_(ordinal) {}
 
   absl::Status CheckControl(const RunControl& control) const {
     if (control.cancel != nullptr && control.cancel->load()) {
@@ -93,6 +204,96 @@ class CudaDevice final : public Device {
     }
     return absl::OkStatus();
   }
+
+  // Records the engine of a case (and logs it, once per case while remembered).
+  void Remember(const std::string& key, Chosen chosen, std::string_view why) {
+    if (remembered_.size() >= kMaxRememberedCases) remembered_.clear();
+    remembered_[key] = chosen;
+    std::fprintf(stderr, "%s: attention engine %s for %s%s%s\n", name().c_str(),
+                 std::string(ChosenName(chosen)).c_str(), key.c_str(), why.empty() ? "" : ": ",
+                 std::string(why).c_str());
+  }
+
+  // Which engine runs this request. Errors only in kCudnn mode, where cuDNN cannot be replaced.
+  absl::StatusOr<Chosen> ChooseEngine(const AttentionSpec& spec, const AttentionShape& shape,
+                                      DType dtype) {
+    if (!CudnnCandidate(engine_mode_, spec, shape, dtype)) return Chosen::kOwn;
+#ifndef ATTNSERVE_HAVE_CUDNN_FRONTEND
+    // Only kCudnn mode gets here.
+    return absl::UnavailableError(absl::StrCat(
+        name(), ": ", kAttentionEngineEnv,
+        "=cudnn, but this build has no cuDNN path (cudnn_frontend headers not found at configure "
+        "time)"));
+#else
+    const std::string key = CaseKey(spec, shape, dtype);
+    if (auto it = remembered_.find(key); it != remembered_.end()) return it->second;
+    absl::Status why = EnsureCudnn();
+    if (why.ok()) {
+      const absl::StatusOr<bool> has_engine = cudnn_->Supports(spec, shape, ComputeDType(dtype));
+      if (!has_engine.ok()) {
+        why = has_engine.status();
+      } else if (!*has_engine) {
+        why = absl::UnimplementedError(
+            absl::StrCat(name(), ": the loaded cuDNN has no engine for ", key));
+      }
+    }
+    if (!why.ok() && engine_mode_ == AttentionEngine::kCudnn) return why;
+    const Chosen chosen = why.ok() ? Chosen::kCudnn : Chosen::kOwn;
+    Remember(key, chosen, why.ok() ? "" : why.ToString());
+    return chosen;
+#endif
+  }
+
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  // Creates the cuDNN engine on first use (on the worker thread). A failure is kept: libcudnn
+  // does not appear while the process runs.
+  absl::Status EnsureCudnn() {
+    if (cudnn_ != nullptr) return absl::OkStatus();
+    if (!cudnn_status_.ok()) return cudnn_status_;
+    CudnnSdpa::Options options;
+    options.device = ordinal_;
+    // Stream-ordered: the engine frees its workspace right after enqueueing, and every launch of
+    // this device goes to its one stream_, so a block freed here is reused only by later work.
+    options.workspace.allocate = [this](size_t bytes) -> absl::StatusOr<void*> {
+      return alloc_.Allocate(bytes);
+    };
+    options.workspace.free = [this](void* ptr) { alloc_.Free(ptr); };
+    absl::StatusOr<std::unique_ptr<CudnnSdpa>> engine = CudnnSdpa::Create(options);
+    if (!engine.ok()) {
+      cudnn_status_ = absl::UnavailableError(
+          absl::StrCat(name(), ": cuDNN engine unavailable: ", engine.status().ToString()));
+      std::fprintf(stderr, "%s; dense/window attention runs on flash_fwd\n",
+                   std::string(cudnn_status_.message()).c_str());
+      return cudnn_status_;
+    }
+    cudnn_ = *std::move(engine);
+    std::fprintf(stderr, "%s: cuDNN %lld loaded from %s (engine mode %s)\n", name().c_str(),
+                 static_cast<long long>(cudnn_->backend_version()), cudnn_->library().c_str(),
+                 std::string(AttentionEngineName(engine_mode_)).c_str());
+    return absl::OkStatus();
+  }
+
+  // Enqueues cuDNN's forward on stream_ (f32: through bf16 copies, like the own kernels).
+  absl::Status RunCudnn(const AttentionSpec& spec, const AttentionShape& shape, DType dtype,
+                        const void* q, const void* k, const void* v, void* o, float* lse) {
+    if (dtype != DType::kF32) {
+      return cudnn_->Forward(spec, shape, dtype, q, k, v, o, lse, stream_);
+    }
+    const int64_t nq = shape.batch * shape.tokens * shape.q_heads * shape.head_dim;
+    const int64_t nkv = shape.batch * shape.tokens * shape.kv_heads * shape.head_dim;
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer qc, DeviceBuffer::Create(alloc_, nq * 2));
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer kc, DeviceBuffer::Create(alloc_, nkv * 2));
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer vc, DeviceBuffer::Create(alloc_, nkv * 2));
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer oc, DeviceBuffer::Create(alloc_, nq * 2));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc.get(), nq, stream_));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc.get(), nkv, stream_));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc.get(), nkv, stream_));
+    ATTN_RETURN_IF_ERROR(cudnn_->Forward(spec, shape, DType::kBF16, qc.get(), kc.get(), vc.get(),
+                                         oc.get(), lse, stream_));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kBF16, oc.get(), DType::kF32, o, nq, stream_));
+    return absl::OkStatus();
+  }
+#endif
 
   absl::StatusOr<AttentionOutputs> RunImpl(const AttentionSpec& spec, const HostTensor& q,
                                            const HostTensor& k, const HostTensor& v,
@@ -114,8 +315,11 @@ class CudaDevice final : public Device {
     const DType dtype = q.dtype();
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
-    ATTN_ASSIGN_OR_RETURN(auto plan,
-                          CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_));
+    ATTN_ASSIGN_OR_RETURN(Chosen chosen, ChooseEngine(spec, shape, dtype));
+    std::unique_ptr<CudaAttentionPlan> plan;
+    if (chosen == Chosen::kOwn) {
+      ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_));
+    }
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Create(alloc_, q.nbytes()));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Create(alloc_, k.nbytes()));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Create(alloc_, v.nbytes()));
@@ -129,9 +333,36 @@ class CudaDevice final : public Device {
     CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dv.get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice, stream_));
     ATTN_RETURN_IF_ERROR(CheckControl(control));
-    ATTN_RETURN_IF_ERROR(
-        plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(), stream_,
-                  control.cancel));
+
+    double flops = 0, sparsity = 0;
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+    if (chosen == Chosen::kCudnn) {
+      const absl::Status st =
+          RunCudnn(spec, shape, dtype, dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>());
+      // UNIMPLEMENTED: cuDNN changed its mind after the graph build; INTERNAL: cuDNN failed on a
+      // case our kernels can run. In auto mode both fall back (and the case stays on ours).
+      const bool fall_back = engine_mode_ == AttentionEngine::kAuto &&
+                             (st.code() == absl::StatusCode::kUnimplemented ||
+                              st.code() == absl::StatusCode::kInternal);
+      if (fall_back) {
+        cudaGetLastError();
+        Remember(CaseKey(spec, shape, dtype), Chosen::kOwn, st.ToString());
+        chosen = Chosen::kOwn;
+        ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_));
+      } else {
+        ATTN_RETURN_IF_ERROR(st);
+        flops = 4.0 * static_cast<double>(shape.batch * shape.q_heads * shape.head_dim) *
+                BandPairs(spec, shape.tokens);
+        sparsity = BandSparsity(spec, shape.tokens, kReportBlockSize);
+      }
+    }
+#endif
+    if (chosen == Chosen::kOwn) {
+      ATTN_RETURN_IF_ERROR(plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(),
+                                     stream_, control.cancel));
+      flops = plan->flops();
+      sparsity = plan->sparsity();
+    }
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out_host.o.data(), dout.get(), out_host.o.nbytes(),
                                          cudaMemcpyDeviceToHost, stream_));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out_host.lse.data(), dlse.get(), out_host.lse.nbytes(),
@@ -139,8 +370,9 @@ class CudaDevice final : public Device {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     if (info != nullptr) {
-      info->flops = plan->flops();
-      info->sparsity = plan->sparsity();
+      info->flops = flops;
+      info->sparsity = sparsity;
+      info->engine = std::string(ChosenName(chosen));
     }
     return out_host;
   }
@@ -149,17 +381,23 @@ class CudaDevice final : public Device {
     AttentionOutputs out;
     ATTN_ASSIGN_OR_RETURN(out.o,
                           HostTensor::Create(dtype, {s.batch, s.tokens, s.q_heads, s.head_dim}));
-    ATTN_ASSIGN_OR_RETURN(out.lse,
-                          HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}));
+    ATTN_ASSIGN_OR_RETURN(out.lse, HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}));
     return out;
   }
 
   const int ordinal_;
+  const AttentionEngine engine_mode_;
   std::string model_;
   std::string uuid_;
   int64_t total_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   mutable CachingAllocator alloc_;
+  // Worker thread only: the engine each case ran on first (cuDNN refusals are not retried).
+  std::unordered_map<std::string, Chosen> remembered_;
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  std::unique_ptr<CudnnSdpa> cudnn_;  // created by EnsureCudnn; destroyed before alloc_
+  absl::Status cudnn_status_;         // why cudnn_ could not be created (OK: not tried or fine)
+#endif
 };
 
 }  // namespace
@@ -174,7 +412,34 @@ int CudaDeviceCount() {
   return count;
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(std::vector<int> ordinals) {
+std::string_view AttentionEngineName(AttentionEngine engine) {
+  switch (engine) {
+    case AttentionEngine::kAuto:
+      return "auto";
+    case AttentionEngine::kOwn:
+      return "own";
+    case AttentionEngine::kCudnn:
+      return "cudnn";
+  }
+  return "auto";
+}
+
+absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return AttentionEngine::kAuto;
+  if (name == "own") return AttentionEngine::kOwn;
+  if (name == "cudnn") return AttentionEngine::kCudnn;
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(what), ": expected auto, own or cudnn, got '", std::string(name), "'"));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(
+    std::vector<int> ordinals, const CudaDeviceOptions& options) {
+  AttentionEngine engine = AttentionEngine::kAuto;
+  if (options.engine.has_value()) {
+    engine = *options.engine;
+  } else if (const char* env = std::getenv(kAttentionEngineEnv); env != nullptr) {
+    ATTN_ASSIGN_OR_RETURN(engine, ParseAttentionEngine(env, kAttentionEngineEnv));
+  }
   const int count = CudaDeviceCount();
   if (count == 0) return absl::UnavailableError("no CUDA device (or no driver) is available");
   if (ordinals.empty()) {
@@ -186,7 +451,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(std::vector
       return absl::InvalidArgumentError(
           absl::StrCat("devices: CUDA ordinal ", ordinal, " out of range [0, ", count, ")"));
     }
-    ATTN_ASSIGN_OR_RETURN(auto dev, CudaDevice::Create(ordinal));
+    ATTN_ASSIGN_OR_RETURN(auto dev, CudaDevice::Create(ordinal, engine));
     devices.push_back(std::move(dev));
   }
   return devices;

@@ -1,0 +1,324 @@
+// CudaDevice (the server's GPU path: host tensors in, host tensors out) against the float64
+// reference, per attention engine: dense, causal and window specs run on cuDNN (core/cuda/
+// cudnn_sdpa) where it is available and on our flash_fwd kernels otherwise; block_sparse and
+// dilated specs always on flash_fwd. Each case runs on three fresh devices of GPU 0, one per engine
+// mode (auto, own, cudnn), on fresh seeded inputs (the seed is printed; ATTN_TEST_SEED replays it),
+// and checks the outputs, RunInfo (engine, flops) and that the allocator's in-use bytes return to
+// zero. Skips where there is no GPU; the cuDNN expectations skip, with the reason printed, where
+// this build or host has no usable cuDNN.
+//
+// Poisoning: a Device allocates its own outputs, so each checked run is preceded by a run of the
+// same case on inputs of 0xFF bytes (NaN in every dtype) on the same, fresh device. Its device
+// buffers (NaN inputs, outputs computed from them) go back to the device's otherwise empty caching
+// allocator and are handed out again for the checked run, which asks for the same sizes in the same
+// order, so an output element the checked run does not write holds poison-run data, not zeros.
+#include "core/cuda/cuda_device.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/reference/reference.h"
+#include "core/spec/attention_spec.h"
+#include "gtest/gtest.h"
+#include "tests/testing/attention_test_util.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::FreshSeed;
+using ::attnserve::testing::MakeRandomInputs;
+using ::attnserve::testing::PoisonedOutput;
+using ::attnserve::testing::QkvInputs;
+using ::attnserve::testing::ShapeString;
+
+bool HaveGpu() { return CudaDeviceCount() > 0; }
+
+#define SKIP_WITHOUT_GPU()                                      \
+  do {                                                          \
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
+
+// Tolerances (max |o - ref| / max |ref|; LSE absolute): one output rounding plus accumulation in
+// f16/bf16; f32 inputs are computed in bf16 by both engines (see cuda_attention.h).
+double OTol(DType dtype) { return dtype == DType::kF16 ? 5e-3 : 1e-2; }
+double LseTol(DType dtype) { return dtype == DType::kF32 ? 3e-2 : 2e-3; }
+
+// A fresh device on GPU 0 with `engine` forced: an empty allocator cache (see the poisoning note
+// above) and no engine memory from earlier cases.
+std::unique_ptr<Device> MakeDevice(AttentionEngine engine) {
+  CudaDeviceOptions options;
+  options.engine = engine;
+  auto made = MakeCudaDevices({0}, options);
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return nullptr;
+  return std::move((*made)[0]);
+}
+
+struct Case {
+  std::string name;
+  AttentionSpec spec;
+  AttentionShape shape;
+  DType dtype;
+};
+
+AttentionSpec Spec(AttentionPattern pattern, bool causal) {
+  AttentionSpec s;
+  s.pattern = std::move(pattern);
+  s.causal = causal;
+  return s;
+}
+
+bool CudnnPattern(const AttentionSpec& spec) {
+  return std::holds_alternative<DenseSpec>(spec.pattern) ||
+         std::holds_alternative<WindowSpec>(spec.pattern);
+}
+
+// N is never a multiple of 128 (nor of 64); GQA where Hkv < Hq.
+std::vector<Case> AllCases() {
+  return {
+      {"dense_bf16", Spec(DenseSpec{}, false), {1, 700, 4, 4, 128}, DType::kBF16},
+      {"dense_causal_f16_gqa", Spec(DenseSpec{}, true), {2, 333, 4, 2, 64}, DType::kF16},
+      {"dense_f32_gqa", Spec(DenseSpec{}, false), {1, 300, 4, 1, 128}, DType::kF32},
+      {"causal_f32", Spec(DenseSpec{}, true), {1, 421, 2, 2, 64}, DType::kF32},
+      {"window_bf16_gqa", Spec(WindowSpec{37}, false), {1, 777, 4, 1, 128}, DType::kBF16},
+      {"window_causal_f16", Spec(WindowSpec{100}, true), {1, 500, 2, 2, 64}, DType::kF16},
+      {"window_causal_f32", Spec(WindowSpec{64}, true), {1, 390, 2, 1, 128}, DType::kF32},
+      {"block_sparse_random_bf16",
+       Spec(BlockSparseSpec{64, RandomGen{0.3, 99}}, true),
+       {1, 700, 4, 2, 128},
+       DType::kBF16},
+      {"block_sparse_local_window_f16",
+       Spec(BlockSparseSpec{128, LocalWindowGen{2}}, false),
+       {1, 1000, 2, 2, 64},
+       DType::kF16},
+      {"block_sparse_local_window_f32",
+       Spec(BlockSparseSpec{64, LocalWindowGen{3}}, true),
+       {1, 650, 2, 1, 64},
+       DType::kF32},
+      {"dilated_bf16",
+       Spec(DilatedSpec{{128, 256}, {1, 2}}, false),
+       {1, 600, 4, 4, 64},
+       DType::kBF16},
+      {"dilated_causal_f32_gqa",
+       Spec(DilatedSpec{{128, 512}, {1, 4}}, true),
+       {1, 777, 4, 2, 128},
+       DType::kF32},
+  };
+}
+
+// q, k, v of 0xFF bytes: NaN in every dtype.
+QkvInputs NanInputs(const AttentionShape& s, DType dtype) {
+  const AttentionShape kv{s.batch, s.tokens, s.kv_heads, s.kv_heads, s.head_dim};
+  return QkvInputs{PoisonedOutput(s, dtype), PoisonedOutput(kv, dtype), PoisonedOutput(kv, dtype)};
+}
+
+struct Outcome {
+  absl::Status status;
+  AttentionOutputs out;
+  RunInfo info;
+};
+
+// On a fresh device: the poison run, then the checked run of `in`; in-use bytes must be back to
+// zero after each.
+Outcome RunChecked(AttentionEngine engine, const Case& c, const QkvInputs& in) {
+  Outcome r;
+  std::unique_ptr<Device> device = MakeDevice(engine);
+  if (device == nullptr) {
+    r.status = absl::InternalError("MakeCudaDevices failed");
+    return r;
+  }
+  Device& dev = *device;
+  const QkvInputs nan = NanInputs(c.shape, c.dtype);
+  auto poison = dev.Run(c.spec, nan.q, nan.k, nan.v, RunControl{}, nullptr);
+  EXPECT_EQ(dev.Stats().memory_used_bytes, 0) << "after the poison run";
+  if (!poison.ok()) {
+    r.status = poison.status();
+    return r;
+  }
+  auto out = dev.Run(c.spec, in.q, in.k, in.v, RunControl{}, &r.info);
+  const DeviceStats s = dev.Stats();
+  EXPECT_EQ(s.memory_used_bytes, 0) << "after the checked run";
+  EXPECT_GT(s.memory_reserved_bytes, 0);
+  EXPECT_GT(s.memory_peak_bytes, 0);
+  if (!out.ok()) {
+    r.status = out.status();
+    return r;
+  }
+  r.out = *std::move(out);
+  return r;
+}
+
+void ExpectMatches(const ReferenceResult& ref, const Outcome& r, DType dtype,
+                   const std::string& what) {
+  const ErrorStats e = CompareToReference(ref, r.out.o, &r.out.lse);
+  EXPECT_EQ(e.nonfinite, 0) << what;
+  EXPECT_LE(e.o_rel, OTol(dtype)) << what << ": o max abs err " << e.o_max_abs << " / max|ref| "
+                                  << e.o_ref_max_abs;
+  EXPECT_LE(e.lse_max_abs, LseTol(dtype)) << what;
+  std::printf("  %-6s engine=%-9s o_rel=%.3e lse_max_abs=%.3e\n", what.c_str(),
+              r.info.engine.c_str(), e.o_rel, e.lse_max_abs);
+}
+
+class CudaDeviceEngineTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaDeviceEngineTest, EveryEngineModeMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat(c.name, " ", ShapeString(c.shape, c.dtype), " seed=", seed));
+  std::printf("%s %s seed=%llu\n", c.name.c_str(), ShapeString(c.shape, c.dtype).c_str(),
+              static_cast<unsigned long long>(seed));
+  const QkvInputs in = MakeRandomInputs(c.shape, c.dtype, seed);
+  auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const bool cudnn_pattern = CudnnPattern(c.spec);
+
+  // own: flash_fwd for every spec.
+  const Outcome own = RunChecked(AttentionEngine::kOwn, c, in);
+  ASSERT_TRUE(own.status.ok()) << own.status;
+  ExpectMatches(*ref, own, c.dtype, "own");
+  EXPECT_EQ(own.info.engine, kEngineFlashFwd);
+  EXPECT_GT(own.info.flops, 0);
+  EXPECT_GT(own.info.compute_seconds, 0);
+
+  // cudnn: cuDNN for dense/window (no fallback), flash_fwd for the rest.
+  const Outcome forced = RunChecked(AttentionEngine::kCudnn, c, in);
+  bool cudnn_ran = false;
+  if (!forced.status.ok() && cudnn_pattern &&
+      (forced.status.code() == absl::StatusCode::kUnavailable ||
+       forced.status.code() == absl::StatusCode::kUnimplemented)) {
+    std::printf("  cudnn  skipped: %s\n", forced.status.ToString().c_str());
+  } else {
+    ASSERT_TRUE(forced.status.ok()) << forced.status;
+    ExpectMatches(*ref, forced, c.dtype, "cudnn");
+    EXPECT_EQ(forced.info.engine, cudnn_pattern ? kEngineCudnn : kEngineFlashFwd);
+    cudnn_ran = cudnn_pattern;
+    // Both engines report the same exact pair count.
+    EXPECT_NEAR(forced.info.flops, own.info.flops, 1e-9 * own.info.flops);
+    EXPECT_GE(forced.info.sparsity, 0);
+    EXPECT_LT(forced.info.sparsity, 1);
+    // The two engines agree with each other as closely as each does with the reference.
+    ASSERT_EQ(own.out.o.numel(), forced.out.o.numel());
+    double max_ref = 0, max_diff = 0;
+    for (double x : ref->o) max_ref = std::max(max_ref, std::abs(x));
+    for (int64_t i = 0; i < own.out.o.numel(); ++i) {
+      max_diff =
+          std::max(max_diff,
+                   static_cast<double>(std::abs(own.out.o.GetFloat(i) - forced.out.o.GetFloat(i))));
+    }
+    EXPECT_LE(max_diff / std::max(max_ref, 1e-30), 2 * OTol(c.dtype))
+        << "own vs cudnn: max abs diff " << max_diff;
+  }
+
+  // auto: what the server runs. cuDNN exactly where the forced run showed it can.
+  const Outcome autorun = RunChecked(AttentionEngine::kAuto, c, in);
+  ASSERT_TRUE(autorun.status.ok()) << autorun.status;
+  ExpectMatches(*ref, autorun, c.dtype, "auto");
+  EXPECT_EQ(autorun.info.engine, cudnn_ran ? kEngineCudnn : kEngineFlashFwd);
+  EXPECT_NEAR(autorun.info.flops, own.info.flops, 1e-9 * own.info.flops);
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, CudaDeviceEngineTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// A head dim our kernels lack (96): auto keeps cuDNN off it (so the answer does not depend on the
+// host's libcudnn) and fails like the own path; forced cudnn runs it where cuDNN is usable.
+TEST(CudaDeviceEngineModes, HeadDimOutsideOwnKernels) {
+  SKIP_WITHOUT_GPU();
+  const Case c{"dense_d96", Spec(DenseSpec{}, true), {1, 300, 2, 2, 96}, DType::kBF16};
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const QkvInputs in = MakeRandomInputs(c.shape, c.dtype, seed);
+  std::unique_ptr<Device> autodev = MakeDevice(AttentionEngine::kAuto);
+  std::unique_ptr<Device> cudnn = MakeDevice(AttentionEngine::kCudnn);
+  ASSERT_TRUE(autodev != nullptr && cudnn != nullptr);
+  EXPECT_FALSE(autodev->Run(c.spec, in.q, in.k, in.v, RunControl{}, nullptr).ok());
+  EXPECT_EQ(autodev->Stats().memory_used_bytes, 0);
+  RunInfo info;
+  auto out = cudnn->Run(c.spec, in.q, in.k, in.v, RunControl{}, &info);
+  if (!out.ok()) GTEST_SKIP() << "cuDNN cannot run it here: " << out.status();
+  auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const ErrorStats e = CompareToReference(*ref, out->o, &out->lse);
+  EXPECT_EQ(e.nonfinite, 0);
+  EXPECT_LE(e.o_rel, OTol(c.dtype));
+  EXPECT_LE(e.lse_max_abs, LseTol(c.dtype));
+  EXPECT_EQ(info.engine, kEngineCudnn);
+  EXPECT_EQ(cudnn->Stats().memory_used_bytes, 0);
+}
+
+TEST(CudaDeviceEngineModes, CancelledBeforeTheEngineRuns) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape shape{1, 256, 2, 2, 64};
+  const QkvInputs in = MakeRandomInputs(shape, DType::kBF16, FreshSeed());
+  std::atomic<bool> cancel{true};
+  RunControl control;
+  control.cancel = &cancel;
+  for (AttentionEngine e : {AttentionEngine::kAuto, AttentionEngine::kOwn}) {
+    std::unique_ptr<Device> device = MakeDevice(e);
+    ASSERT_TRUE(device != nullptr);
+    Device& dev = *device;
+    auto out = dev.Run(Spec(DenseSpec{}, true), in.q, in.k, in.v, control, nullptr);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(dev.Stats().memory_used_bytes, 0);
+  }
+}
+
+TEST(CudaDeviceEngineModes, EstimateAddsTheCudnnMarginOnlyWhereCudnnMayRun) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape shape{1, 4096, 8, 8, 128};
+  const AttentionSpec dense = Spec(DenseSpec{}, true);
+  const AttentionSpec dilated = Spec(DilatedSpec{{1024, 2048}, {1, 2}}, false);
+  std::unique_ptr<Device> own_device = MakeDevice(AttentionEngine::kOwn);
+  std::unique_ptr<Device> auto_device = MakeDevice(AttentionEngine::kAuto);
+  ASSERT_TRUE(own_device != nullptr && auto_device != nullptr);
+  Device& own = *own_device;
+  Device& autodev = *auto_device;
+  const int64_t io = shape.tokens * (2 * shape.q_heads + 2 * shape.kv_heads) * shape.head_dim * 2;
+  EXPECT_GE(own.EstimateBytes(dense, shape, DType::kBF16), io);
+  EXPECT_EQ(own.EstimateBytes(dilated, shape, DType::kBF16),
+            autodev.EstimateBytes(dilated, shape, DType::kBF16));
+#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  EXPECT_GT(autodev.EstimateBytes(dense, shape, DType::kBF16),
+            own.EstimateBytes(dense, shape, DType::kBF16));
+#endif
+}
+
+TEST(AttentionEngineOption, ParsesNamesAndRejectsOthers) {
+  for (AttentionEngine e :
+       {AttentionEngine::kAuto, AttentionEngine::kOwn, AttentionEngine::kCudnn}) {
+    auto parsed = ParseAttentionEngine(AttentionEngineName(e));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, e);
+  }
+  EXPECT_EQ(*ParseAttentionEngine(""), AttentionEngine::kAuto);
+  EXPECT_EQ(ParseAttentionEngine("fastest").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A bad ATTNSERVE_ATTENTION_ENGINE is a configuration error, with or without a GPU.
+TEST(AttentionEngineOption, BadEnvironmentValueIsInvalidArgument) {
+  const char* old = std::getenv(kAttentionEngineEnv);
+  const std::string saved = old != nullptr ? old : "";
+  setenv(kAttentionEngineEnv, "fastest", 1);
+  auto devices = MakeCudaDevices({});
+  EXPECT_EQ(devices.status().code(), absl::StatusCode::kInvalidArgument) << devices.status();
+  if (old != nullptr) {
+    setenv(kAttentionEngineEnv, saved.c_str(), 1);
+  } else {
+    unsetenv(kAttentionEngineEnv);
+  }
+}
+
+}  // namespace
+}  // namespace attnserve
