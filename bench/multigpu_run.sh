@@ -65,7 +65,7 @@ step "ring tests rc=$TEST_RC (plan test rc=$PLAN_RC)"
 
 # 3. attnbench_ring.
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu-bundle/COMMIT 2>/dev/null || echo unknown)
-timeout -k 5 165 "$BIN/attnbench_ring" --json="$OUT/ring_bench.json" --ns=262144,524288 --reps=5 \
+timeout -k 5 165 "$BIN/attnbench_ring" --json="$OUT/ring_bench.json" --ns=262144 --reps=5 \
   --warmup=1 --heads=8 --dim=128 --devices=2 --longest=1048576,2097152,4194304 \
   --max_run_s=40 --budget_s=90 --commit="$COMMIT" > "$BENCH_LOG" 2>&1
 BENCH_RC=$?

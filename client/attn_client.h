@@ -32,9 +32,10 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Payload bytes per uploaded tensor chunk. Must be in [1, the server's max_chunk_bytes].
   int64_t chunk_bytes = int64_t{4} << 20;
-  // Largest message the client accepts. Response chunks are the server's chunk_bytes (default
-  // 4 MiB) plus a few bytes of framing, above gRPC's 4 MiB default.
-  int max_receive_message_bytes = 256 << 20;
+  // Largest message the client accepts; -1: unlimited (the default). The server's default
+  // response chunk (4 MiB - 64 KiB) fits gRPC's 4 MiB default, but a header's
+  // response_chunk_bytes (or the server's --chunk-bytes) may ask for up to --max-chunk-bytes.
+  int max_receive_message_bytes = -1;
   // Attempts per call, the first included (1: no retries). Only calls that failed with
   // UNAVAILABLE before any response arrived are retried (see Attend).
   int max_attempts = 4;

@@ -45,9 +45,10 @@ Usage:
   attnctl run      --server HOST:PORT (--q q.npy --k k.npy --v v.npy | --random B,N,Hq,Hkv,D)
                    [--spec JSON] [--causal] [--dtype f32|f16|bf16] [--seed S] [--out o.npy]
                    [--lse lse.npy] [--check] [--tolerance T] [--timeout 60s] [--chunk-bytes N]
+                   [--placement auto|single|data|ring]
   attnctl bench    --server HOST:PORT --random B,N,Hq,Hkv,D (--requests R | --duration 10s)
                    [--concurrency C] [--spec JSON] [--causal] [--dtype bf16] [--seed S]
-                   [--check] [--json] [--timeout 60s]
+                   [--check] [--json] [--timeout 60s] [--placement auto|single|data|ring]
   attnctl health   --server HOST:PORT [--service NAME] [--timeout 5s]
   attnctl describe --server HOST:PORT [--json] [--timeout 10s]
   attnctl --help
@@ -78,8 +79,12 @@ Flags:
   --tolerance T         --check's bound on O's max relative error (default: 1e-4 for f32 on the
                         cpu backend, 2e-2 otherwise)
   --timeout DURATION    whole-call deadline, e.g. 500ms, 30s, 5m (default 5m; health 5s)
-  --chunk-bytes N       upload chunk size (default 4194304)
+  --chunk-bytes N       upload chunk size (default 4194304; the server accepts up to its
+                        --max-chunk-bytes, 64 MiB by default)
   --max-attempts N      attempts per call when the server is UNAVAILABLE (default 4)
+  --placement P         run/bench: placement hint: auto (default: the server's planner decides),
+                        single (one device), data (data parallel: batch x heads over devices),
+                        ring (sequence over devices); the response says what ran
   --concurrency C       bench threads (default 1)
   --requests R          bench request count (default 100 unless --duration is given)
   --duration DURATION   bench for this long instead of a request count
@@ -417,18 +422,32 @@ std::string ShortEnumName(const std::string& name) {
   return out;
 }
 
+// --placement auto|single|data|ring (also data_parallel) -> the header's hint.
+absl::StatusOr<v1::Placement> PlacementFromFlags(const Flags& flags) {
+  if (!flags.Has("placement")) return v1::PLACEMENT_AUTO;
+  const std::string p = flags.String("placement");
+  if (p == "auto") return v1::PLACEMENT_AUTO;
+  if (p == "single") return v1::PLACEMENT_SINGLE;
+  if (p == "data" || p == "data_parallel") return v1::PLACEMENT_DATA_PARALLEL;
+  if (p == "ring") return v1::PLACEMENT_RING;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--placement: expected auto, single, data or ring, got \"", p, "\""));
+}
+
 // ---- run --------------------------------------------------------------------------------------
 
 int RunCommand(int argc, char** argv) {
   absl::StatusOr<Flags> flags =
       Flags::Parse(argc, argv, 2, {"causal", "check", "quiet"},
                    {"server", "q", "k", "v", "spec", "dtype", "random", "seed", "out", "lse",
-                    "timeout", "tolerance", "chunk-bytes", "max-attempts"});
+                    "timeout", "tolerance", "chunk-bytes", "max-attempts", "placement"});
   if (!flags.ok()) return Report("run", flags.status(), kExitUsage);
   uint64_t seed = 0;
   int load_exit = kExitUsage;
   absl::StatusOr<Problem> problem = LoadProblem(*flags, /*allow_files=*/true, &seed, &load_exit);
   if (!problem.ok()) return Report("run", problem.status(), load_exit);
+  absl::StatusOr<v1::Placement> placement = PlacementFromFlags(*flags);
+  if (!placement.ok()) return Report("run", placement.status(), kExitUsage);
   absl::StatusOr<absl::Duration> timeout = flags->Duration("timeout", absl::Minutes(5));
   if (!timeout.ok()) return Report("run", timeout.status(), kExitUsage);
   absl::StatusOr<double> tolerance = flags->Double("tolerance", 0);
@@ -453,6 +472,7 @@ int RunCommand(int argc, char** argv) {
   input.v = &problem->v;
   input.spec = problem->spec;
   input.return_lse = true;
+  input.placement = *placement;
   CallOptions call;
   call.timeout = *timeout;
   ProgressBar bar;
@@ -551,12 +571,15 @@ int BenchCommand(int argc, char** argv) {
   absl::StatusOr<Flags> flags =
       Flags::Parse(argc, argv, 2, {"causal", "check", "json"},
                    {"server", "spec", "dtype", "random", "seed", "timeout", "tolerance",
-                    "chunk-bytes", "max-attempts", "concurrency", "requests", "duration"});
+                    "chunk-bytes", "max-attempts", "concurrency", "requests", "duration",
+                    "placement"});
   if (!flags.ok()) return Report("bench", flags.status(), kExitUsage);
   uint64_t seed = 0;
   int load_exit = kExitUsage;
   absl::StatusOr<Problem> problem = LoadProblem(*flags, /*allow_files=*/false, &seed, &load_exit);
   if (!problem.ok()) return Report("bench", problem.status(), load_exit);
+  absl::StatusOr<v1::Placement> placement = PlacementFromFlags(*flags);
+  if (!placement.ok()) return Report("bench", placement.status(), kExitUsage);
   absl::StatusOr<int64_t> concurrency = flags->Int("concurrency", 1, 1);
   if (!concurrency.ok()) return Report("bench", concurrency.status(), kExitUsage);
   if (*concurrency > 1024) {
@@ -595,6 +618,7 @@ int BenchCommand(int argc, char** argv) {
   input.v = &problem->v;
   input.spec = problem->spec;
   input.return_lse = check;
+  input.placement = *placement;
   CallOptions call;
   call.timeout = *timeout;
 
@@ -610,6 +634,7 @@ int BenchCommand(int argc, char** argv) {
   std::string first_error;
   std::optional<AttendResult> first_result;
   std::string backend;
+  std::string ran_on;  // placement and devices of the first successful request
   const absl::Time start = absl::Now();
   const absl::Time stop_at = duration ? start + *duration : absl::InfiniteFuture();
   std::vector<std::thread> threads;
@@ -622,7 +647,11 @@ int BenchCommand(int argc, char** argv) {
         std::lock_guard<std::mutex> lock(mu);
         if (r.ok()) {
           latencies.push_back(seconds);
-          if (backend.empty()) backend = r->header.backend();
+          if (backend.empty()) {
+            backend = r->header.backend();
+            ran_on = absl::StrCat(ShortEnumName(v1::Placement_Name(r->header.placement())), " on ",
+                                  absl::StrJoin(r->header.devices(), ", "));
+          }
           if (check && !first_result) first_result = *std::move(r);
           completed.fetch_add(1);
         } else {
@@ -674,7 +703,8 @@ int BenchCommand(int argc, char** argv) {
     }
     std::string json =
         absl::StrCat("{\"server\": ", JsonString(client_options->target),
-                     ", \"backend\": ", JsonString(backend), ", \"shape\": [",
+                     ", \"backend\": ", JsonString(backend),
+                     ", \"placement\": ", JsonString(ran_on), ", \"shape\": [",
                      absl::StrJoin(problem->q.dims(), ", "), "], \"kv_heads\": ", problem->k.dim(2),
                      ", \"dtype\": ", JsonString(std::string(DTypeName(problem->q.dtype()))),
                      ", \"spec\": ", SpecJson(problem->spec), ", \"seed\": ", seed,
@@ -702,7 +732,8 @@ int BenchCommand(int argc, char** argv) {
   } else {
     std::printf("bench      %s, spec %s, concurrency %" PRId64 ", %s\n",
                 problem->description.c_str(), SpecJson(problem->spec).c_str(), *concurrency,
-                backend.empty() ? "backend ?" : absl::StrCat("backend ", backend).c_str());
+                backend.empty() ? "backend ?"
+                                : absl::StrCat("backend ", backend, ", placement ", ran_on).c_str());
     std::printf("requests   %" PRId64 " ok, %" PRId64 " failed in %.3f s\n", ok, failed.load(),
                 elapsed);
     std::printf("throughput %.2f requests/s, %.1f tokens/s\n", rps, rps * tokens);

@@ -129,9 +129,9 @@ TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
   const std::string metrics_file = absl::StrCat(dir, "/attnserve_binary_test.mport");
   std::filesystem::remove(port_file);
   std::filesystem::remove(metrics_file);
-  Process server({ATTNSERVE_BINARY, "--backend", "cpu", "--listen", "127.0.0.1:0",
-                  "--port-file", port_file, "--metrics-listen=127.0.0.1:0",
-                  "--metrics-port-file", metrics_file, "--drain-timeout=60s"});
+  Process server({ATTNSERVE_BINARY, "--backend", "cpu", "--listen", "127.0.0.1:0", "--port-file",
+                  port_file, "--metrics-listen=127.0.0.1:0", "--metrics-port-file", metrics_file,
+                  "--drain-timeout=60s"});
   ASSERT_GT(server.pid(), 0);
   const std::optional<int> port = ReadPort(port_file, absl::Seconds(30));
   ASSERT_TRUE(port.has_value());
@@ -153,11 +153,13 @@ TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
   ASSERT_TRUE(AttendDense(stub.get(), 256, 2, 32).ok());
   std::string text = Scrape(*metrics_port);
   EXPECT_THAT(text, HasSubstr("attnserve_requests_total{code=\"OK\"} 1"));
-  EXPECT_THAT(text, HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0"));
+  EXPECT_THAT(text,
+              HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0"));
   EXPECT_THAT(text, HasSubstr("attnserve_nccl_bytes_total{device=\"cpu:0\",direction=\"send\"} 0"));
 
   // A call that runs for a while; SIGTERM once it is in progress.
-  auto long_call = std::async(std::launch::async, [&] { return AttendDense(stub.get(), 4096, 8, 64); });
+  auto long_call =
+      std::async(std::launch::async, [&] { return AttendDense(stub.get(), 4096, 8, 64); });
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (absl::Now() < until &&
          Scrape(*metrics_port).find("attnserve_inflight_requests 1") == std::string::npos) {
@@ -173,8 +175,7 @@ TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
 }
 
 TEST(AttnserveBinaryTest, CudaBackendInCpuBuildFailsClearly) {
-  Process server({ATTNSERVE_BINARY, "--backend=cuda", "--listen=127.0.0.1:0",
-                  "--metrics-listen="});
+  Process server({ATTNSERVE_BINARY, "--backend=cuda", "--listen=127.0.0.1:0", "--metrics-listen="});
   ASSERT_GT(server.pid(), 0);
   const int code = server.Wait(absl::Seconds(30));
 #if defined(ATTNSERVE_HAVE_CUDA)

@@ -25,18 +25,16 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCpuDevices(
         absl::StrCat("--cpu-workers: must be >= 1, got ", options.cpu_workers));
   }
   if (options.cpu_threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cpu-threads: must be >= 0 (0: cores / workers), got ",
-                     options.cpu_threads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cpu-threads: must be >= 0 (0: cores / workers), got ", options.cpu_threads));
   }
   std::vector<int> indices;
   if (options.devices) {
     for (int i : *options.devices) {
       if (i >= options.cpu_workers) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--devices: cpu:", i, " does not exist (--cpu-workers=",
-                         options.cpu_workers, " gives cpu:0 .. cpu:", options.cpu_workers - 1,
-                         ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--devices: cpu:", i, " does not exist (--cpu-workers=", options.cpu_workers,
+            " gives cpu:0 .. cpu:", options.cpu_workers - 1, ")"));
       }
       indices.push_back(i);
     }
@@ -59,8 +57,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCuda(const DevicePoolOp
   if (options.devices) {
     for (int i : *options.devices) {
       if (i >= count) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--devices: cuda:", i, " does not exist (", count, " GPUs visible)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--devices: cuda:", i, " does not exist (", count, " GPUs visible)"));
       }
       ordinals.push_back(i);
     }
@@ -134,8 +132,7 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(const DevicePoolO
 #endif
       break;
   }
-  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
-      absl::InternalError("no backend");
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices = absl::InternalError("no backend");
   if (kind == BackendKind::kCpu) {
     devices = MakeCpuDevices(options);
   } else {
@@ -153,8 +150,8 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::FromDevices(
   const BackendKind kind = devices.front()->kind();
   for (const auto& d : devices) {
     if (d->kind() != kind) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device pool: ", d->name(), " is not a ", std::string(BackendName(kind)), " device"));
+      return absl::InvalidArgumentError(absl::StrCat("device pool: ", d->name(), " is not a ",
+                                                     std::string(BackendName(kind)), " device"));
     }
   }
   return std::unique_ptr<DevicePool>(new DevicePool(kind, std::move(devices)));

@@ -6,10 +6,10 @@
 
 #include <memory>
 #include <optional>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/engine/device.h"
 
 namespace attnserve {

@@ -44,7 +44,11 @@ ABSL_FLAG(int64_t, max_request_bytes, int64_t{8} << 30, "largest Q + K + V bytes
 ABSL_FLAG(int, max_queue, 64, "requests that may wait for a device; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "bytes one device may hold for a running request (0: the device's free memory)");
-ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "default response chunk size in bytes");
+// 4 MiB - 64 KiB: a response message is the chunk payload plus a few bytes of framing, and gRPC
+// clients with default settings reject messages over 4 MiB; this leaves room for the framing.
+ABSL_FLAG(int64_t, chunk_bytes, (int64_t{4} << 20) - (int64_t{64} << 10),
+          "default response chunk size in bytes (4 MiB - 64 KiB: fits gRPC's default 4 MiB "
+          "client receive limit with the message framing)");
 ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{64} << 20, "largest accepted request chunk in bytes");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in progress may take to finish");
@@ -91,11 +95,10 @@ int Main() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const spdlog::level::level_enum level =
-      spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
+  const spdlog::level::level_enum level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--log-level: unknown level \"", absl::GetFlag(FLAGS_log_level), "\"")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--log-level: unknown level \"", absl::GetFlag(FLAGS_log_level), "\"")));
   }
   spdlog::set_level(level);
 
@@ -125,7 +128,7 @@ int Main() {
     scheduler_options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
-      Scheduler::Create(scheduler_options, pool->get(), metrics->get());
+      Scheduler::Create(scheduler_options, pool->get(), metrics->get(), MakeMultiDevicePlanner());
   if (!scheduler.ok()) return Fail(scheduler.status());
 
   ServiceOptions service_options;
@@ -133,13 +136,15 @@ int Main() {
   service_options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   service_options.limits.default_response_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   service_options.max_queue = absl::GetFlag(FLAGS_max_queue);
-  absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service = AttentionServiceImpl::Create(
-      service_options, pool->get(), scheduler->get(), metrics->get());
+  absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
+      AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would start and share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -164,9 +169,8 @@ int Main() {
                 WithPort(metrics_options.listen, *(*metrics)->port()).c_str());
   }
   std::fflush(stdout);
-  spdlog::info("attnserve {} serving on {} with backend {} ({} device(s): {})",
-               ATTNSERVE_VERSION, bound, BackendName((*pool)->backend()), (*pool)->size(),
-               (*pool)->device(0).name());
+  spdlog::info("attnserve {} serving on {} with backend {} ({} device(s): {})", ATTNSERVE_VERSION,
+               bound, BackendName((*pool)->backend()), (*pool)->size(), (*pool)->device(0).name());
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     if (absl::Status s = WritePortFile(absl::GetFlag(FLAGS_port_file), port); !s.ok()) {
       server->Shutdown();
@@ -174,8 +178,7 @@ int Main() {
     }
   }
   if (!absl::GetFlag(FLAGS_metrics_port_file).empty() && (*metrics)->port()) {
-    if (absl::Status s = WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
-                                       *(*metrics)->port());
+    if (absl::Status s = WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), *(*metrics)->port());
         !s.ok()) {
       server->Shutdown();
       return Fail(s);

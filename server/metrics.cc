@@ -45,14 +45,15 @@ Metrics::~Metrics() {
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options,
-                                                          std::vector<const Device*> devices) {
+                                                         std::vector<const Device*> devices) {
   std::unique_ptr<Metrics> m(new Metrics());
   prometheus::Registry& r = *m->registry_;
 
   auto& used = prometheus::BuildGauge()
                    .Name("attnserve_device_memory_used_bytes")
-                   .Help("Bytes in use by attnserve's buffers on the device (CPU: the device's "
-                         "tracker: running request's inputs, outputs, workspaces)")
+                   .Help(
+                       "Bytes in use by attnserve's buffers on the device (CPU: the device's "
+                       "tracker: running request's inputs, outputs, workspaces)")
                    .Register(r);
   auto& total = prometheus::BuildGauge()
                     .Name("attnserve_device_memory_total_bytes")
@@ -80,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                    .Register(r);
   auto& nccl = prometheus::BuildCounter()
                    .Name("attnserve_nccl_bytes_total")
-                   .Help("Bytes moved by the device over NCCL (0 on the CPU backend)")
+                   .Help("Bytes moved by the device over NCCL (CPU backend: in-process ring transfers)")
                    .Register(r);
   m->imbalance_ = &prometheus::BuildGauge()
                        .Name("attnserve_device_memory_imbalance_ratio")
@@ -167,6 +168,13 @@ void Metrics::RecordRun(size_t device, double tokens, double flops, double busy_
   s.busy->Increment(busy_seconds);
 }
 
+void Metrics::RecordCommBytes(size_t device, int64_t sent, int64_t received) {
+  if (device >= devices_.size()) return;
+  DeviceSeries& s = devices_[device];
+  if (sent > 0) s.nccl_send->Increment(static_cast<double>(sent));
+  if (received > 0) s.nccl_recv->Increment(static_cast<double>(received));
+}
+
 void Metrics::RecordRequest(grpc::StatusCode code, double seconds) {
   int c = static_cast<int>(code);
   if (c < 0 || c >= static_cast<int>(requests_.size())) c = grpc::StatusCode::UNKNOWN;
@@ -188,9 +196,9 @@ void Metrics::Refresh() {
     min_used = first ? stats.memory_used_bytes : std::min(min_used, stats.memory_used_bytes);
     first = false;
   }
-  imbalance_->Set(max_used > 0 ? static_cast<double>(max_used - min_used) /
-                                     static_cast<double>(max_used)
-                               : 0.0);
+  imbalance_->Set(max_used > 0
+                      ? static_cast<double>(max_used - min_used) / static_cast<double>(max_used)
+                      : 0.0);
 }
 
 std::string Metrics::RenderText() {

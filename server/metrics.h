@@ -52,6 +52,9 @@ class Metrics {
 
   // One finished run on device `device` (index into the Create() list).
   void RecordRun(size_t device, double tokens, double flops, double busy_seconds);
+  // Bytes device `device` sent / received over its communicator during one multi-device run
+  // (NCCL on GPUs; the in-process ring transfers of CPU workers count here too).
+  void RecordCommBytes(size_t device, int64_t sent, int64_t received);
   // One finished Attend call.
   void RecordRequest(grpc::StatusCode code, double seconds);
   void ObserveQueueWait(double seconds) { queue_wait_->Observe(seconds); }

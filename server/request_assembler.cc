@@ -104,8 +104,8 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   ATTN_RETURN_IF_ERROR(CheckDim("header.head_dim", header.head_dim()));
   if (header.q_heads() % header.kv_heads() != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("header.q_heads: ", header.q_heads(), " is not a multiple of header.kv_heads = ",
-                     header.kv_heads()));
+        absl::StrCat("header.q_heads: ", header.q_heads(),
+                     " is not a multiple of header.kv_heads = ", header.kv_heads()));
   }
   if (header.response_chunk_bytes() < 0 ||
       header.response_chunk_bytes() > options_.max_chunk_bytes) {
@@ -122,8 +122,7 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
   const int64_t rows = SatMul(header.batch(), header.tokens());
   const int64_t q_bytes = SatMul(SatMul(SatMul(rows, header.q_heads()), header.head_dim()), elem);
-  const int64_t kv_bytes =
-      SatMul(SatMul(SatMul(rows, header.kv_heads()), header.head_dim()), elem);
+  const int64_t kv_bytes = SatMul(SatMul(SatMul(rows, header.kv_heads()), header.head_dim()), elem);
   const int64_t total = SatAdd(q_bytes, SatAdd(kv_bytes, kv_bytes));
   if (total > options_.max_request_bytes) {
     const bool saturated = total == std::numeric_limits<int64_t>::max();
@@ -142,8 +141,7 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
 
   const std::vector<int64_t> dims_q = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
-  const std::vector<int64_t> dims_kv = {shape.batch, shape.tokens, shape.kv_heads,
-                                        shape.head_dim};
+  const std::vector<int64_t> dims_kv = {shape.batch, shape.tokens, shape.kv_heads, shape.head_dim};
   std::array<HostTensor, 3> tensors;
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<HostTensor> t =
@@ -160,9 +158,8 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   spec_ = std::move(spec);
   shape_ = shape;
   dtype_ = dtype;
-  response_chunk_bytes_ = header.response_chunk_bytes() > 0
-                              ? header.response_chunk_bytes()
-                              : options_.default_response_chunk_bytes;
+  response_chunk_bytes_ = header.response_chunk_bytes() > 0 ? header.response_chunk_bytes()
+                                                            : options_.default_response_chunk_bytes;
   tensors_ = std::move(tensors);
   tensor_bytes_ = {q_bytes, kv_bytes, kv_bytes};
   total_bytes_ = total;
@@ -173,15 +170,16 @@ absl::Status RequestAssembler::AddChunk(const v1::TensorChunk& chunk) {
   if (!has_header_) return absl::InvalidArgumentError("header: must be the first message");
   const int index = TensorIndex(chunk.tensor());
   if (index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk.tensor: must be TENSOR_Q, TENSOR_K or TENSOR_V, got ", TensorKindName(chunk.tensor())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.tensor: must be TENSOR_Q, TENSOR_K or TENSOR_V, got ",
+                     TensorKindName(chunk.tensor())));
   }
   const absl::string_view name = kTensorNames[index];
   const int64_t size = static_cast<int64_t>(chunk.data().size());
   if (size > options_.max_chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk for ", name, ": ", size,
-                                                   " bytes, above --max-chunk-bytes=",
-                                                   options_.max_chunk_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk for ", name, ": ", size,
+                     " bytes, above --max-chunk-bytes=", options_.max_chunk_bytes));
   }
   if (chunk.offset() < 0) {
     return absl::InvalidArgumentError(

@@ -20,7 +20,8 @@ namespace attnserve {
 struct AssemblerOptions {
   int64_t max_request_bytes = int64_t{8} << 30;  // Q + K + V bytes of one request
   int64_t max_chunk_bytes = int64_t{64} << 20;   // largest accepted chunk payload
-  int64_t default_response_chunk_bytes = int64_t{4} << 20;
+  // 4 MiB - 64 KiB: a chunk plus framing stays under gRPC clients' default 4 MiB receive limit.
+  int64_t default_response_chunk_bytes = (int64_t{4} << 20) - (int64_t{64} << 10);
   // Charged with the Q/K/V buffers for their lifetime (request-buffer memory). Not owned; may be
   // null. Must outlive the assembler and the tensors taken from it.
   MemoryTracker* tracker = nullptr;

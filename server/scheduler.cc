@@ -1,11 +1,20 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
+#include <mutex>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/dist/communicator.h"
+#include "core/dist/planner.h"
+#include "core/dist/ring.h"
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+#include "core/dist/ring_cuda.h"
+#endif
 
 namespace attnserve {
 namespace {
@@ -37,6 +46,82 @@ class SingleDevicePlanner final : public PlacementPlanner {
   }
 };
 
+
+PlacementHint HintFromProto(v1::Placement p) {
+  switch (p) {
+    case v1::PLACEMENT_SINGLE:
+      return PlacementHint::kSingle;
+    case v1::PLACEMENT_DATA_PARALLEL:
+      return PlacementHint::kDataParallel;
+    case v1::PLACEMENT_RING:
+      return PlacementHint::kRing;
+    default:
+      return PlacementHint::kAuto;
+  }
+}
+
+v1::Placement PlacementToProto(Placement p) {
+  switch (p) {
+    case Placement::kDataParallel:
+      return v1::PLACEMENT_DATA_PARALLEL;
+    case Placement::kRing:
+      return v1::PLACEMENT_RING;
+    case Placement::kSingle:
+      break;
+  }
+  return v1::PLACEMENT_SINGLE;
+}
+
+class MultiDevicePlanner final : public PlacementPlanner {
+ public:
+  std::optional<PlacementDecision> Place(const Job& job,
+                                         absl::Span<const DeviceLoad> loads) override {
+    if (loads.size() <= 1) return single_.Place(job, loads);
+    absl::StatusOr<PlacementPlan> plan = Plan(job, loads);
+    // A plan that fails now (free memory changed since Submit) or is single: one device.
+    if (!plan.ok() || plan->placement == Placement::kSingle || plan->devices.size() < 2) {
+      return single_.Place(job, loads);
+    }
+    PlacementDecision d;
+    d.placement = PlacementToProto(plan->placement);
+    for (int i : plan->devices) {
+      const DeviceLoad& l = loads[static_cast<size_t>(i)];
+      if (l.busy || plan->bytes_per_device > l.budget_bytes) return std::nullopt;  // wait
+      d.devices.push_back(static_cast<size_t>(i));
+    }
+    return d;
+  }
+
+  absl::Status Feasible(const Job& job, absl::Span<const DeviceLoad> loads) override {
+    if (loads.size() <= 1) return single_.Feasible(job, loads);
+    absl::StatusOr<PlacementPlan> plan = Plan(job, loads);
+    if (plan.ok()) return absl::OkStatus();
+    if (absl::IsResourceExhausted(plan.status())) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("device memory: ", plan.status().message(), " (see --max-inflight-bytes)"));
+    }
+    return plan.status();
+  }
+
+ private:
+  static absl::StatusOr<PlacementPlan> Plan(const Job& job, absl::Span<const DeviceLoad> loads) {
+    PlannerInput in;
+    in.spec = job.spec;
+    in.shape = job.shape;
+    in.dtype = job.dtype;
+    in.hint = HintFromProto(job.placement_hint);
+    in.headroom = 1.0;
+    for (const DeviceLoad& l : loads) in.free_bytes.push_back(l.idle_budget_bytes);
+    const Device* device = loads.front().device;
+    in.estimate = [device](const AttentionSpec& spec, const AttentionShape& shape, DType dtype) {
+      return device->EstimateBytes(spec, shape, dtype);
+    };
+    return PlanPlacement(in);
+  }
+
+  SingleDevicePlanner single_;
+};
+
 int64_t SatAdd(int64_t a, int64_t b) {
   int64_t out;
   if (__builtin_add_overflow(a, b, &out)) return std::numeric_limits<int64_t>::max();
@@ -45,8 +130,169 @@ int64_t SatAdd(int64_t a, int64_t b) {
 
 }  // namespace
 
+
+// A multi-device run: one object shared by the workers of the group. Set up once (by whichever
+// worker gets there first), then every worker runs its rank (ring) or its share (data parallel) on
+// its own device; the last worker to finish assembles the outputs and reports.
+struct GroupRun {
+  std::shared_ptr<Job> job;
+  std::vector<size_t> group;  // pool indices, in rank order
+  v1::Placement placement = v1::PLACEMENT_SINGLE;
+  BackendKind backend = BackendKind::kCpu;
+  absl::Time submitted;
+  std::atomic<int> remaining{0};
+
+  std::once_flag setup_once;
+  absl::Status setup_status;
+  // Ring on CPU devices: the ring and its in-process communicators (one per rank).
+  std::unique_ptr<RingRun> ring;
+  std::unique_ptr<InProcessCommGroup> comms;
+  // Data parallel: the split and the outputs every share is scattered into (disjoint regions).
+  DataParallelSplit split;
+  HostTensor o, lse;
+  // Ring on GPUs: rank 0's worker runs the whole ring (RingAttentionCuda), the other workers of the
+  // group are held by the reservation.
+  AttentionOutputs cuda_outputs;
+  // The GPU ring could not run this spec (RingAttentionCuda: UNIMPLEMENTED, e.g. dilated with
+  // fewer segment units than GPUs) and the hint was not ring: rank 0 ran it alone instead.
+  bool fell_back_single = false;
+
+  // Per rank.
+  std::vector<absl::Status> status;
+  std::vector<double> busy_seconds;
+  std::vector<double> tokens;
+  std::vector<double> flops;
+  std::vector<int64_t> bytes_sent;
+  std::vector<int64_t> bytes_received;
+  std::vector<RunInfo> infos;
+  absl::Time start = absl::InfiniteFuture();  // rank 0's start
+};
+
+namespace {
+
+// Byte address of row (b, n, head h) of a [B, N, H, D] tensor.
+const std::byte* Row(const HostTensor& t, int64_t b, int64_t n, int64_t h) {
+  const int64_t N = t.dim(1), H = t.dim(2), D = t.dim(3);
+  return t.data() + static_cast<size_t>(((b * N + n) * H + h) * D) * DTypeSize(t.dtype());
+}
+
+// The GPU ordinal of a device named "cuda:3" (the pool's names carry the ordinal).
+[[maybe_unused]] int OrdinalOf(const Device& d) {
+  const std::string name = d.name();
+  int ordinal = 0;
+  const size_t colon = name.rfind(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(name.substr(colon + 1), &ordinal)) return 0;
+  return ordinal;
+}
+
+absl::Status StartStatus(const Job& job, absl::Time now) {
+  if (job.cancel.load()) {
+    return now >= job.deadline ? absl::DeadlineExceededError("deadline passed while queued")
+                               : absl::CancelledError("cancelled while queued");
+  }
+  if (now >= job.deadline) return absl::DeadlineExceededError("deadline passed while queued");
+  return absl::OkStatus();
+}
+
+// Set-up of a group run (first worker to arrive; the inputs stay untouched until all finished).
+absl::Status SetUpGroup(GroupRun& run) {
+  Job& job = *run.job;
+  if (absl::Status st = StartStatus(job, absl::Now()); !st.ok()) return st;
+  const int ranks = static_cast<int>(run.group.size());
+  if (run.placement == v1::PLACEMENT_RING) {
+    if (run.backend != BackendKind::kCpu) return absl::OkStatus();  // GPU ring: rank 0 runs it
+    RingOptions options;
+    options.cancel = &job.cancel;
+    options.deadline = job.deadline;
+    absl::StatusOr<std::unique_ptr<RingRun>> ring =
+        RingRun::Create(job.spec, job.q, job.k, job.v, ranks, options);
+    if (!ring.ok()) return ring.status();
+    absl::StatusOr<std::unique_ptr<InProcessCommGroup>> comms = InProcessCommGroup::Create(ranks);
+    if (!comms.ok()) return comms.status();
+    run.ring = *std::move(ring);
+    run.comms = *std::move(comms);
+    return absl::OkStatus();
+  }
+  // Data parallel.
+  run.split = SplitDataParallel(job.spec, job.shape, ranks);
+  const AttentionShape& s = job.shape;
+  absl::StatusOr<HostTensor> o =
+      HostTensor::Create(job.q.dtype(), {s.batch, s.tokens, s.q_heads, s.head_dim}, nullptr);
+  if (!o.ok()) return o.status();
+  absl::StatusOr<HostTensor> lse =
+      HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}, nullptr);
+  if (!lse.ok()) return lse.status();
+  run.o = *std::move(o);
+  run.lse = *std::move(lse);
+  return absl::OkStatus();
+}
+
+// One data-parallel share on `device`: gather the units' Q/K/V, run, scatter O/LSE back.
+absl::Status RunDataParallelShare(GroupRun& run, int rank, Device& device) {
+  Job& job = *run.job;
+  const TokenRange units = run.split.per_device[rank];
+  if (units.size() == 0) return absl::OkStatus();
+  const AttentionShape& s = job.shape;
+  const int64_t c = run.split.kv_heads_per_unit;
+  const int64_t g = s.q_heads / s.kv_heads;
+  const int64_t blocks = s.kv_heads / c;  // units per batch item
+  const int64_t N = s.tokens, D = s.head_dim, U = units.size();
+  const DType dtype = job.q.dtype();
+  const size_t esize = DTypeSize(dtype);
+  const size_t q_row = static_cast<size_t>(c * g * D) * esize;
+  const size_t kv_row = static_cast<size_t>(c * D) * esize;
+  absl::StatusOr<HostTensor> qs = HostTensor::Create(dtype, {U, N, c * g, D}, nullptr);
+  if (!qs.ok()) return qs.status();
+  absl::StatusOr<HostTensor> ks = HostTensor::Create(dtype, {U, N, c, D}, nullptr);
+  if (!ks.ok()) return ks.status();
+  absl::StatusOr<HostTensor> vs = HostTensor::Create(dtype, {U, N, c, D}, nullptr);
+  if (!vs.ok()) return vs.status();
+  for (int64_t u = 0; u < U; ++u) {
+    const int64_t b = (units.begin + u) / blocks;
+    const int64_t kv0 = (units.begin + u) % blocks * c;
+    for (int64_t n = 0; n < N; ++n) {
+      std::memcpy(qs->data() + (u * N + n) * q_row, Row(job.q, b, n, kv0 * g), q_row);
+      std::memcpy(ks->data() + (u * N + n) * kv_row, Row(job.k, b, n, kv0), kv_row);
+      std::memcpy(vs->data() + (u * N + n) * kv_row, Row(job.v, b, n, kv0), kv_row);
+    }
+  }
+  RunControl control;
+  control.cancel = &job.cancel;
+  control.deadline = job.deadline;
+  absl::StatusOr<AttentionOutputs> part =
+      device.Run(job.spec, *qs, *ks, *vs, control, &run.infos[rank]);
+  if (!part.ok()) return part.status();
+  if (part->o.dims() != qs->dims() || part->o.dtype() != dtype ||
+      part->lse.dims() != std::vector<int64_t>{U, c * g, N}) {
+    return absl::InternalError(absl::StrCat("data parallel: ", device.name(), " returned O ",
+                                            part->o.DebugString(), " and LSE ",
+                                            part->lse.DebugString()));
+  }
+  for (int64_t u = 0; u < U; ++u) {
+    const int64_t b = (units.begin + u) / blocks;
+    const int64_t h0 = (units.begin + u) % blocks * c * g;
+    for (int64_t n = 0; n < N; ++n) {
+      std::memcpy(const_cast<std::byte*>(Row(run.o, b, n, h0)), part->o.data() + (u * N + n) * q_row,
+                  q_row);
+    }
+    for (int64_t h = 0; h < c * g; ++h) {
+      std::memcpy(run.lse.data_as<float>() + (b * s.q_heads + h0 + h) * N,
+                  part->lse.data_as<float>() + (u * c * g + h) * N, N * sizeof(float));
+    }
+  }
+  run.tokens[rank] = static_cast<double>(U) * static_cast<double>(N);
+  run.flops[rank] = run.infos[rank].flops;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 std::unique_ptr<PlacementPlanner> MakeSingleDevicePlanner() {
   return std::make_unique<SingleDevicePlanner>();
+}
+
+std::unique_ptr<PlacementPlanner> MakeMultiDevicePlanner() {
+  return std::make_unique<MultiDevicePlanner>();
 }
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
@@ -60,9 +306,9 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
         absl::StrCat("--max-queue: must be >= 0, got ", options.max_queue));
   }
   if (options.max_inflight_bytes && *options.max_inflight_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-inflight-bytes: must be > 0 (0 / unset: device free memory), got ",
-        *options.max_inflight_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-inflight-bytes: must be > 0 (0 / unset: device free memory), got ",
+                     *options.max_inflight_bytes));
   }
   if (planner == nullptr) return absl::InvalidArgumentError("scheduler: no planner");
   std::unique_ptr<Scheduler> s(new Scheduler(options, pool, metrics, std::move(planner)));
@@ -109,9 +355,9 @@ absl::Status Scheduler::Submit(std::shared_ptr<Job> job) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("server is draining");
   if (queue_.size() >= static_cast<size_t>(options_.max_queue)) {
-    return absl::ResourceExhaustedError(absl::StrCat("queue: ", queue_.size(),
-                                                     " requests waiting (limit --max-queue=",
-                                                     options_.max_queue, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue: ", queue_.size(),
+                     " requests waiting (limit --max-queue=", options_.max_queue, ")"));
   }
   const std::vector<DeviceLoad> loads = LoadsLocked(*job);
   if (absl::Status s = planner_->Feasible(*job, loads); !s.ok()) return s;
@@ -130,11 +376,38 @@ void Scheduler::DispatchLocked() {
     if (!decision || decision->devices.empty()) return;
     const size_t leader = decision->devices.front();
     for (size_t i : decision->devices) workers_[i].busy = true;
-    Worker& w = workers_[leader];
-    w.job = head.job;
-    w.group = decision->devices;
-    w.placement = decision->placement;
-    w.submitted = head.submitted;
+    if (decision->devices.size() == 1) {
+      Worker& w = workers_[leader];
+      w.job = head.job;
+      w.group = decision->devices;
+      w.placement = decision->placement;
+      w.submitted = head.submitted;
+      w.group_run = nullptr;
+    } else {
+      auto run = std::make_shared<GroupRun>();
+      const size_t p = decision->devices.size();
+      run->job = head.job;
+      run->group = decision->devices;
+      run->placement = decision->placement;
+      run->backend = pool_->backend();
+      run->submitted = head.submitted;
+      run->remaining.store(static_cast<int>(p));
+      run->status.assign(p, absl::OkStatus());
+      run->busy_seconds.assign(p, 0);
+      run->tokens.assign(p, 0);
+      run->flops.assign(p, 0);
+      run->bytes_sent.assign(p, 0);
+      run->bytes_received.assign(p, 0);
+      run->infos.assign(p, RunInfo());
+      for (size_t i : decision->devices) {
+        Worker& w = workers_[i];
+        w.job = head.job;
+        w.group = decision->devices;
+        w.placement = decision->placement;
+        w.submitted = head.submitted;
+        w.group_run = run;
+      }
+    }
     queue_.pop_front();
     if (metrics_ != nullptr) metrics_->SetQueueLength(static_cast<int64_t>(queue_.size()));
     cv_.notify_all();
@@ -171,6 +444,7 @@ void Scheduler::WorkerLoop(size_t index) {
     std::vector<size_t> group;
     v1::Placement placement;
     absl::Time submitted;
+    std::shared_ptr<GroupRun> group_run;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return workers_[index].job != nullptr || stopping_; });
@@ -179,6 +453,12 @@ void Scheduler::WorkerLoop(size_t index) {
       group = workers_[index].group;
       placement = workers_[index].placement;
       submitted = workers_[index].submitted;
+      group_run = workers_[index].group_run;
+    }
+    if (group_run != nullptr) {
+      job.reset();
+      RunGroupPart(index, group_run);
+      continue;
     }
 
     JobResult result;
@@ -203,10 +483,9 @@ void Scheduler::WorkerLoop(size_t index) {
       if (out.ok()) {
         result.outputs = *std::move(out);
         if (metrics_ != nullptr) {
-          metrics_->RecordRun(index,
-                              static_cast<double>(job->shape.batch) *
-                                  static_cast<double>(job->shape.tokens),
-                              result.info.flops, busy);
+          metrics_->RecordRun(
+              index, static_cast<double>(job->shape.batch) * static_cast<double>(job->shape.tokens),
+              result.info.flops, busy);
         }
       } else {
         result.status = out.status();
@@ -227,6 +506,206 @@ void Scheduler::WorkerLoop(size_t index) {
     workers_[index].group.clear();
     DispatchLocked();
   }
+}
+
+
+void Scheduler::RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run_ptr) {
+  GroupRun& run = *run_ptr;
+  const int rank = static_cast<int>(
+      std::find(run.group.begin(), run.group.end(), index) - run.group.begin());
+  const int ranks = static_cast<int>(run.group.size());
+  Device& device = pool_->device(index);
+  Job& job = *run.job;
+  const absl::Time start = absl::Now();
+  if (rank == 0) run.start = start;
+  std::call_once(run.setup_once, [&] { run.setup_status = SetUpGroup(run); });
+
+  absl::Status st = run.setup_status;
+  if (st.ok()) st = StartStatus(job, start);
+  if (st.ok()) {
+    const AttentionShape& s = job.shape;
+    if (run.placement == v1::PLACEMENT_RING && run.backend == BackendKind::kCpu) {
+      // This rank's share of the memory, charged to this device while its rank runs.
+      AttentionShape shard = s;
+      shard.tokens = (s.tokens + ranks - 1) / ranks;
+      const int64_t bytes = device.EstimateBytes(job.spec, shard, job.dtype);
+      Communicator& comm = *run.comms->comm(rank);
+      RingRun& ring = *run.ring;
+      st = device.RunHostTask(bytes, [&](ThreadPool* pool) { return ring.RunRank(comm, pool); });
+    } else if (run.placement == v1::PLACEMENT_RING) {
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+      // GPU ring: rank 0's worker drives every GPU of the group through RingAttentionCuda (one
+      // thread per GPU of its own); the other workers of the group hold their devices idle.
+      if (rank == 0) {
+        std::vector<int> ordinals;
+        for (size_t i : run.group) ordinals.push_back(OrdinalOf(pool_->device(i)));
+        RingCudaOptions options;
+        options.cancel = &job.cancel;
+        std::vector<RingCudaRankStats> stats;
+        absl::StatusOr<AttentionOutputs> out =
+            RingAttentionCuda(job.spec, job.q, job.k, job.v, ordinals, options, &stats);
+        if (out.ok()) {
+          run.cuda_outputs = *std::move(out);
+          const double d = static_cast<double>(s.head_dim);
+          for (size_t r = 0; r < stats.size() && r < run.group.size(); ++r) {
+            run.flops[r] = 4.0 * d * static_cast<double>(stats[r].admitted_pairs);
+            run.bytes_sent[r] = stats[r].bytes_sent;
+            run.bytes_received[r] = stats[r].bytes_received;
+          }
+        } else if (absl::IsUnimplemented(out.status()) &&
+                   job.placement_hint != v1::PLACEMENT_RING) {
+          RunControl control;
+          control.cancel = &job.cancel;
+          control.deadline = job.deadline;
+          absl::StatusOr<AttentionOutputs> alone =
+              device.Run(job.spec, job.q, job.k, job.v, control, &run.infos[0]);
+          if (alone.ok()) {
+            run.cuda_outputs = *std::move(alone);
+            run.fell_back_single = true;
+            run.flops[0] = run.infos[0].flops;
+          } else {
+            st = alone.status();
+          }
+        } else {
+          st = out.status();
+        }
+      }
+#else
+      st = absl::UnimplementedError(
+          "ring placement on this backend needs CUDA and NCCL (this attnserve has no GPU ring)");
+#endif
+    } else {
+      st = RunDataParallelShare(run, rank, device);
+    }
+  }
+  if (!st.ok() && job.cancel.load() && absl::Now() >= job.deadline &&
+      (absl::IsCancelled(st) || absl::IsAborted(st))) {
+    st = absl::DeadlineExceededError("deadline passed while running");
+  }
+  // A rank that failed (or never started) releases its peers at once.
+  if (!st.ok() && run.comms != nullptr) run.comms->Abort(st);
+  run.status[rank] = st;
+  run.busy_seconds[rank] = absl::ToDoubleSeconds(absl::Now() - start);
+
+  {
+    // This worker's part is over; its device stays reserved (busy) until the whole group has
+    // finished. Cleared before counting down, so the last worker's dispatch, which may give this
+    // worker its next job, always comes after.
+    std::lock_guard<std::mutex> lock(mu_);
+    workers_[index].job.reset();
+    workers_[index].group_run.reset();
+  }
+  if (run.remaining.fetch_sub(1) != 1) return;  // not the last
+  FinishGroup(run);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i : run.group) {
+    workers_[i].busy = false;
+    workers_[i].group.clear();
+  }
+  DispatchLocked();
+}
+
+void Scheduler::FinishGroup(GroupRun& run) {
+  std::shared_ptr<Job> job = run.job;
+  const AttentionShape& s = job->shape;
+  const int ranks = static_cast<int>(run.group.size());
+  JobResult result;
+  result.placement = run.placement;
+  for (size_t i : run.group) result.devices.push_back(pool_->device(i).name());
+  result.queue_seconds =
+      run.start == absl::InfiniteFuture() ? 0 : absl::ToDoubleSeconds(run.start - run.submitted);
+  if (metrics_ != nullptr) metrics_->ObserveQueueWait(result.queue_seconds);
+  // The root cause: a failed rank aborts its peers with its own status, so the first error in
+  // rank order that is not a consequence (CANCELLED/ABORTED) wins, else the first error.
+  absl::Status status;
+  for (const absl::Status& st : run.status) {
+    if (st.ok()) continue;
+    if (status.ok()) status = st;
+    if (!absl::IsCancelled(st) && !absl::IsAborted(st)) {
+      status = st;
+      break;
+    }
+  }
+  if (status.ok()) {
+    if (run.placement == v1::PLACEMENT_RING && run.ring != nullptr) {
+      absl::StatusOr<AttentionOutputs> out = run.ring->TakeOutputs();
+      if (out.ok()) {
+        result.outputs = *std::move(out);
+        const double d = static_cast<double>(s.head_dim);
+        double pairs = 0;
+        const std::vector<RingRankStats>& stats = run.ring->stats();
+        for (int r = 0; r < ranks && r < static_cast<int>(stats.size()); ++r) {
+          run.flops[r] = 4.0 * d * static_cast<double>(stats[r].admitted_pairs);
+          pairs += static_cast<double>(stats[r].admitted_pairs);
+        }
+        const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
+                            static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
+        result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+      } else {
+        status = out.status();
+      }
+    } else if (run.placement == v1::PLACEMENT_RING && run.fell_back_single) {
+      result.outputs = std::move(run.cuda_outputs);
+      result.placement = v1::PLACEMENT_SINGLE;
+      result.devices = {pool_->device(run.group.front()).name()};
+      result.info.sparsity = run.infos[0].sparsity;
+    } else if (run.placement == v1::PLACEMENT_RING) {
+      result.outputs = std::move(run.cuda_outputs);
+      double pairs = 0;
+      for (double f : run.flops) pairs += f / (4.0 * static_cast<double>(s.head_dim));
+      const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
+                          static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
+      result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+    } else {
+      result.outputs = AttentionOutputs{std::move(run.o), std::move(run.lse)};
+      for (int r = 0; r < ranks; ++r) {
+        if (run.split.per_device[r].size() > 0) {
+          result.info.sparsity = run.infos[r].sparsity;
+          break;
+        }
+      }
+    }
+  }
+  if (run.placement == v1::PLACEMENT_RING) {
+    // Ring ranks hold equal shares of the sequence: tokens split evenly.
+    for (int r = 0; r < ranks; ++r) {
+      run.tokens[r] =
+          run.fell_back_single
+              ? (r == 0 ? static_cast<double>(s.batch) * static_cast<double>(s.tokens) : 0.0)
+              : static_cast<double>(s.batch) * static_cast<double>(s.tokens) /
+                    static_cast<double>(ranks);
+    }
+    if (run.ring != nullptr) {
+      const std::vector<RingRankStats>& stats = run.ring->stats();
+      for (int r = 0; r < ranks && r < static_cast<int>(stats.size()); ++r) {
+        run.bytes_sent[r] = stats[r].bytes_sent;
+        run.bytes_received[r] = stats[r].bytes_received;
+      }
+    }
+  }
+  result.status = status;
+  for (int r = 0; r < ranks; ++r) {
+    result.info.compute_seconds = std::max(result.info.compute_seconds, run.busy_seconds[r]);
+    if (status.ok()) result.info.flops += run.flops[r];
+    if (metrics_ != nullptr) {
+      metrics_->RecordRun(run.group[r], status.ok() ? run.tokens[r] : 0,
+                          status.ok() ? run.flops[r] : 0, run.busy_seconds[r]);
+      metrics_->RecordCommBytes(run.group[r], run.bytes_sent[r], run.bytes_received[r]);
+    }
+  }
+  // Release everything the run held before reporting: the ring (its accumulators), the
+  // communicators, the inputs.
+  run.ring.reset();
+  run.comms.reset();
+  run.o = HostTensor();
+  run.lse = HostTensor();
+  job->q = HostTensor();
+  job->k = HostTensor();
+  job->v = HostTensor();
+  auto done = std::move(job->done);
+  run.job.reset();
+  job.reset();
+  done(std::move(result));
 }
 
 void Scheduler::Shutdown() {

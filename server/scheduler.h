@@ -1,7 +1,9 @@
 // Scheduler: a bounded FIFO of complete requests, admitted to devices by their memory estimate,
-// run by one worker thread per device. The placement decision is the PlacementPlanner's: today a
-// single device (the least loaded one that fits); the multi-GPU planner (data-parallel, ring)
-// plugs in there and may return several devices, which the scheduler then reserves together.
+// run by one worker thread per device. The placement decision is the PlacementPlanner's: a single
+// device (MakeSingleDevicePlanner), or core/dist's PlanPlacement (MakeMultiDevicePlanner), which
+// may name several devices (data parallel, ring): the scheduler reserves them together and each
+// of their workers runs its own rank or share of the job on its own device (see GroupRun in
+// scheduler.cc and server/README.md "Placement").
 #ifndef ATTNSERVE_SERVER_SCHEDULER_H_
 #define ATTNSERVE_SERVER_SCHEDULER_H_
 
@@ -28,6 +30,8 @@
 #include "server/metrics.h"
 
 namespace attnserve {
+
+struct GroupRun;  // scheduler.cc
 
 // What the scheduler reports back for one job.
 struct JobResult {
@@ -60,10 +64,10 @@ struct DeviceLoad {
   size_t index = 0;
   const Device* device = nullptr;
   bool busy = false;
-  int64_t estimate_bytes = 0;  // the job's Device::EstimateBytes on this device
-  int64_t budget_bytes = 0;    // what the job may use there now
+  int64_t estimate_bytes = 0;     // the job's Device::EstimateBytes on this device
+  int64_t budget_bytes = 0;       // what the job may use there now
   int64_t idle_budget_bytes = 0;  // what it could use once the device is idle
-  int64_t used_bytes = 0;      // DeviceStats::memory_used_bytes
+  int64_t used_bytes = 0;         // DeviceStats::memory_used_bytes
 };
 
 struct PlacementDecision {
@@ -84,6 +88,13 @@ class PlacementPlanner {
 
 // One device: the idle device whose estimate fits its budget, least used memory first.
 std::unique_ptr<PlacementPlanner> MakeSingleDevicePlanner();
+
+// core/dist PlanPlacement (planner.h) over the pool, with the header's hint: single (then run on
+// the idle device that fits, as MakeSingleDevicePlanner), data parallel or ring over the plan's
+// devices, which are started together once all of them are idle and their budgets fit the plan's
+// per-device bytes. Plans as if every device were idle (idle budgets, headroom 1: the budgets are
+// already what a request may use). With one device every request is single, whatever the hint.
+std::unique_ptr<PlacementPlanner> MakeMultiDevicePlanner();
 
 struct SchedulerOptions {
   int max_queue = 64;  // requests waiting for a device; more -> RESOURCE_EXHAUSTED
@@ -116,11 +127,14 @@ class Scheduler {
  private:
   struct Worker {
     std::thread thread;
-    std::shared_ptr<Job> job;  // assigned, not yet finished
+    std::shared_ptr<Job> job;   // assigned, not yet finished
     std::vector<size_t> group;  // every device of the job's placement (this one included)
     v1::Placement placement = v1::PLACEMENT_SINGLE;
     absl::Time submitted;
     bool busy = false;
+    // Multi-device placements: the run shared by every worker of the group; each worker runs its
+    // own rank / share on its own device, the last one to finish assembles and reports.
+    std::shared_ptr<GroupRun> group_run;
   };
   struct Queued {
     std::shared_ptr<Job> job;
@@ -133,6 +147,10 @@ class Scheduler {
   // Starts queued jobs while the head fits somewhere. Caller holds mu_.
   void DispatchLocked();
   void WorkerLoop(size_t index);
+  // One worker's part of a multi-device run (on that worker's thread), then, for the last part
+  // to finish, the result, the metrics and the release of the group's devices.
+  void RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run);
+  void FinishGroup(GroupRun& run);
 
   const SchedulerOptions options_;
   DevicePool* const pool_;

@@ -1,6 +1,8 @@
 #include "server/scheduler.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -166,6 +168,143 @@ TEST(SchedulerTest, ShutdownFailsQueuedJobs) {
   EXPECT_TRUE(r1.get_future().get().status.ok());
   std::promise<JobResult> r3;
   EXPECT_EQ(h.scheduler->Submit(MakeJob(&r3)).code(), absl::StatusCode::kUnavailable);
+}
+
+// ---- multi-device placement (MakeMultiDevicePlanner) on real CPU devices ----------------------
+
+struct CpuHarness {
+  explicit CpuHarness(int n) {
+    std::vector<std::unique_ptr<Device>> devices;
+    for (int i = 0; i < n; ++i) devices.push_back(MakeCpuDevice(i, 1));
+    pool = *DevicePool::FromDevices(std::move(devices));
+    scheduler = *Scheduler::Create(Options(64), pool.get(), nullptr, MakeMultiDevicePlanner());
+  }
+  std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<Scheduler> scheduler;
+};
+
+HostTensor Filled(std::vector<int64_t> dims, uint32_t seed) {
+  HostTensor t = *HostTensor::Create(DType::kF32, std::move(dims));
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x = x * 1664525u + 1013904223u;
+    t.data_as<float>()[i] = static_cast<float>(x >> 8) / static_cast<float>(1 << 24) - 0.5f;
+  }
+  return t;
+}
+
+std::shared_ptr<Job> MakeAttentionJob(std::promise<JobResult>* result, v1::Placement hint,
+                                      bool causal) {
+  auto job = std::make_shared<Job>();
+  job->shape = AttentionShape{2, 101, 4, 2, 16};
+  job->dtype = DType::kF32;
+  job->spec.causal = causal;
+  job->placement_hint = hint;
+  job->q = Filled({2, 101, 4, 16}, 1);
+  job->k = Filled({2, 101, 2, 16}, 2);
+  job->v = Filled({2, 101, 2, 16}, 3);
+  job->done = [result](JobResult r) { result->set_value(std::move(r)); };
+  return job;
+}
+
+double MaxAbsDiff(const HostTensor& a, const HostTensor& b) {
+  if (a.dims() != b.dims()) return 1e30;
+  double d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    d = std::max(d, static_cast<double>(std::fabs(a.data_as<float>()[i] - b.data_as<float>()[i])));
+  }
+  return d;
+}
+
+TEST(MultiDeviceSchedulerTest, RingAndDataParallelMatchSingle) {
+  CpuHarness h(3);
+  for (bool causal : {false, true}) {
+    std::promise<JobResult> rs, rr, rd;
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&rs, v1::PLACEMENT_SINGLE, causal)).ok());
+    JobResult single = rs.get_future().get();
+    ASSERT_TRUE(single.status.ok()) << single.status;
+    EXPECT_EQ(single.placement, v1::PLACEMENT_SINGLE);
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&rr, v1::PLACEMENT_RING, causal)).ok());
+    ASSERT_TRUE(
+        h.scheduler->Submit(MakeAttentionJob(&rd, v1::PLACEMENT_DATA_PARALLEL, causal)).ok());
+    JobResult ring = rr.get_future().get();
+    JobResult dp = rd.get_future().get();
+    ASSERT_TRUE(ring.status.ok()) << ring.status;
+    ASSERT_TRUE(dp.status.ok()) << dp.status;
+    EXPECT_EQ(ring.placement, v1::PLACEMENT_RING);
+    EXPECT_EQ(ring.devices.size(), 3u);
+    EXPECT_EQ(dp.placement, v1::PLACEMENT_DATA_PARALLEL);
+    EXPECT_EQ(dp.devices.size(), 3u);  // 4 batch x kv-head units over 3 devices
+    EXPECT_LE(MaxAbsDiff(ring.outputs.o, single.outputs.o), 1e-5);
+    EXPECT_LE(MaxAbsDiff(ring.outputs.lse, single.outputs.lse), 1e-5);
+    EXPECT_LE(MaxAbsDiff(dp.outputs.o, single.outputs.o), 1e-6);
+    EXPECT_LE(MaxAbsDiff(dp.outputs.lse, single.outputs.lse), 1e-6);
+    EXPECT_NEAR(ring.info.flops, single.info.flops, 1e-6 * single.info.flops);
+  }
+  EXPECT_EQ(h.scheduler->running(), 0u);
+  for (size_t i = 0; i < h.pool->size(); ++i) {
+    EXPECT_EQ(h.pool->device(i).Stats().memory_used_bytes, 0) << i;
+  }
+}
+
+TEST(MultiDeviceSchedulerTest, CancelledRingFailsAndReleasesTheGroup) {
+  CpuHarness h(2);
+  std::promise<JobResult> r1, r2;
+  auto cancelled = MakeAttentionJob(&r1, v1::PLACEMENT_RING, false);
+  cancelled->cancel.store(true);
+  ASSERT_TRUE(h.scheduler->Submit(cancelled).ok());
+  EXPECT_EQ(r1.get_future().get().status.code(), absl::StatusCode::kCancelled);
+  // Both devices are free again: the next ring runs.
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r2, v1::PLACEMENT_RING, true)).ok());
+  JobResult ok = r2.get_future().get();
+  EXPECT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.devices.size(), 2u);
+}
+
+TEST(MultiDeviceSchedulerTest, OneDeviceIsAlwaysSingle) {
+  CpuHarness h(1);
+  for (v1::Placement hint : {v1::PLACEMENT_RING, v1::PLACEMENT_DATA_PARALLEL, v1::PLACEMENT_AUTO}) {
+    std::promise<JobResult> r;
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r, hint, false)).ok());
+    JobResult result = r.get_future().get();
+    EXPECT_TRUE(result.status.ok()) << result.status;
+    EXPECT_EQ(result.placement, v1::PLACEMENT_SINGLE);
+    EXPECT_EQ(result.devices, std::vector<std::string>{"cpu:0"});
+  }
+}
+
+TEST(MultiDeviceSchedulerTest, ImpossibleHintIsRejected) {
+  CpuHarness h(2);
+  std::promise<JobResult> r;
+  auto job = MakeAttentionJob(&r, v1::PLACEMENT_DATA_PARALLEL, false);
+  job->shape = AttentionShape{1, 101, 4, 1, 16};  // one batch x kv-head unit
+  job->k = Filled({1, 101, 1, 16}, 2);
+  job->v = Filled({1, 101, 1, 16}, 3);
+  job->q = Filled({1, 101, 4, 16}, 1);
+  absl::Status s = h.scheduler->Submit(job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("data_parallel"));
+}
+
+TEST(MultiDeviceSchedulerTest, MixedPlacementsConcurrently) {
+  CpuHarness h(3);
+  std::promise<JobResult> reference;
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&reference, v1::PLACEMENT_SINGLE, true)).ok());
+  const JobResult single = reference.get_future().get();
+  ASSERT_TRUE(single.status.ok()) << single.status;
+  const v1::Placement hints[] = {v1::PLACEMENT_RING, v1::PLACEMENT_SINGLE,
+                                 v1::PLACEMENT_DATA_PARALLEL, v1::PLACEMENT_AUTO};
+  std::vector<std::promise<JobResult>> results(16);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&results[i], hints[i % 4], true)).ok());
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    JobResult r = results[i].get_future().get();
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
+    EXPECT_LE(MaxAbsDiff(r.outputs.o, single.outputs.o), 1e-5) << i;
+    if (hints[i % 4] != v1::PLACEMENT_AUTO) EXPECT_EQ(r.placement, hints[i % 4]) << i;
+  }
+  EXPECT_EQ(h.scheduler->queue_length(), 0u);
 }
 
 }  // namespace

@@ -172,8 +172,8 @@ class AttentionServiceImpl::AttendReactor final
         sh.head_dim, assembler_.has_header() ? std::string(DTypeName(assembler_.dtype())) : "-",
         assembler_.has_header() ? SpecSummary(assembler_.spec()) : "-", GrpcCodeName(code),
         receive_seconds_, queue_seconds_, compute_seconds_, total,
-        devices_.empty() ? "-" : absl::StrJoin(devices_, ","), status.ok() ? "" : " error=",
-        status.ok() ? "" : std::string(status.message()));
+        devices_.empty() ? "-" : absl::StrJoin(devices_, ","),
+        status.ok() ? "" : " error=", status.ok() ? "" : std::string(status.message()));
     if (status.ok()) {
       spdlog::info(line);
     } else {
@@ -378,7 +378,7 @@ class AttentionServiceImpl::AttendReactor final
   v1::AttendRequest request_;    // target of the read in flight
   v1::AttendResponse response_;  // source of the write in flight
   std::string request_id_;
-  std::shared_ptr<Job> job_;     // while submitted
+  std::shared_ptr<Job> job_;  // while submitted
   bool job_outstanding_ = false;
   bool reading_ = false;
   bool write_in_flight_ = false;
@@ -411,11 +411,10 @@ absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> AttentionServiceImpl::Crea
     return absl::InvalidArgumentError(
         absl::StrCat("--max-chunk-bytes: must be > 0, got ", l.max_chunk_bytes));
   }
-  if (l.default_response_chunk_bytes <= 0 ||
-      l.default_response_chunk_bytes > l.max_chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--chunk-bytes: must be in [1, --max-chunk-bytes=", l.max_chunk_bytes, "], got ",
-        l.default_response_chunk_bytes));
+  if (l.default_response_chunk_bytes <= 0 || l.default_response_chunk_bytes > l.max_chunk_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chunk-bytes: must be in [1, --max-chunk-bytes=", l.max_chunk_bytes,
+                     "], got ", l.default_response_chunk_bytes));
   }
   return std::unique_ptr<AttentionServiceImpl>(
       new AttentionServiceImpl(options, pool, scheduler, metrics));
@@ -466,22 +465,31 @@ v1::DescribeResponse AttentionServiceImpl::BuildDescribe() const {
     for (int32_t d : {64, 128}) limits->add_head_dims(d);
   }
   for (const char* p : {"dense", "window", "dilated", "block_sparse"}) r.add_patterns(p);
-  for (const char* g : {"local_window", "dilated_sparse", "global_local", "strided", "random",
-                        "csr"}) {
+  for (const char* g :
+       {"local_window", "dilated_sparse", "global_local", "strided", "random", "csr"}) {
     r.add_generators(g);
   }
   for (const char* t : {"f32", "f16", "bf16"}) r.add_dtypes(t);
   r.add_placements("single");
+  if (pool_->size() > 1) {
+    r.add_placements("data_parallel");
+    r.add_placements("ring");
+  }
   if (backend == BackendKind::kCpu) {
     r.set_notes(
         "cpu backend: every dtype is computed with float32 accumulation (f16/bf16 inputs "
-        "converted per tile, O rounded back to the input dtype). Each request runs on one device "
-        "(placement hints data_parallel/ring run single). Device memory metrics of a cpu device "
-        "count its tracker: the running request's q/k/v, outputs and workspaces.");
+        "converted per tile, O rounded back to the input dtype). With several cpu devices a request "
+        "may run data_parallel (batch x kv-head units over devices) or as a ring (sequence over "
+        "devices, one rank per device worker, in-process transfers counted as "
+        "attnserve_nccl_bytes_total). Device memory metrics of a cpu device count its tracker: "
+        "the running request's q/k/v, outputs and workspaces (a ring rank: its share's "
+        "estimate).");
   } else {
     r.set_notes(
         "cuda backend: f32 inputs are converted to bf16 on the device; f16/bf16 run natively "
-        "with float32 accumulation. Each request runs on one device for now.");
+        "with float32 accumulation. With several GPUs a request may run data_parallel (each GPU's "
+        "worker runs its share) or as a NCCL ring (driven from the first GPU's worker while the "
+        "group's other GPUs are reserved for it).");
   }
   return r;
 }

@@ -31,8 +31,10 @@ struct ServiceOptions {
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
   // `pool`, `scheduler` and `metrics` must outlive the service and the grpc::Server using it.
-  static absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> Create(
-      const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler, Metrics* metrics);
+  static absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> Create(const ServiceOptions& options,
+                                                                      DevicePool* pool,
+                                                                      Scheduler* scheduler,
+                                                                      Metrics* metrics);
 
   grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendResponse>* Attend(
       grpc::CallbackServerContext* context) override;

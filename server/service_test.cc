@@ -40,8 +40,8 @@ class ServiceTest : public ::testing::Test {
     pool_ = *DevicePool::FromDevices(std::move(devices));
     metrics_ = *Metrics::Create(MetricsOptions{.listen = ""}, pool_->devices());
     scheduler_ = *Scheduler::Create(sched, pool_.get(), metrics_.get());
-    service_ = *AttentionServiceImpl::Create(options, pool_.get(), scheduler_.get(),
-                                             metrics_.get());
+    service_ =
+        *AttentionServiceImpl::Create(options, pool_.get(), scheduler_.get(), metrics_.get());
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -73,14 +73,16 @@ class ServiceTest : public ::testing::Test {
   // Waits until every call has ended and checks that memory and gauges are back to baseline.
   void ExpectBaseline() {
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (service_->active_calls() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    while (service_->active_calls() > 0 && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(5));
     EXPECT_EQ(service_->active_calls(), 0);
     EXPECT_EQ(service_->request_buffer_bytes(), 0);
     EXPECT_EQ(pool_->device(0).Stats().memory_used_bytes, 0);
     const std::string text = metrics_->RenderText();
     EXPECT_THAT(text, HasSubstr("attnserve_inflight_requests 0\n"));
     EXPECT_THAT(text, HasSubstr("attnserve_queue_length 0\n"));
-    EXPECT_THAT(text, HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0\n"));
+    EXPECT_THAT(
+        text, HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0\n"));
   }
 
   std::unique_ptr<DevicePool> pool_;
@@ -167,8 +169,8 @@ CallResult Attend(v1::AttentionService::Stub* stub, const v1::AttendHeader& head
   return r;
 }
 
-v1::AttendHeader Header(v1::DType dtype, int64_t b, int64_t n, int64_t hq, int64_t hkv,
-                        int64_t d, const std::string& spec_json) {
+v1::AttendHeader Header(v1::DType dtype, int64_t b, int64_t n, int64_t hq, int64_t hkv, int64_t d,
+                        const std::string& spec_json) {
   v1::AttendHeader h;
   h.set_request_id("test");
   h.set_dtype(dtype);
@@ -358,7 +360,7 @@ TEST_F(ServiceTest, DescribeAndHealth) {
   EXPECT_EQ(d.devices(0).name(), "cpu:0");
   EXPECT_GT(d.devices(0).memory_total_bytes(), 0);
   EXPECT_EQ(d.limits().max_request_bytes(), int64_t{8} << 30);
-  EXPECT_EQ(d.limits().chunk_bytes(), 4 << 20);
+  EXPECT_EQ(d.limits().chunk_bytes(), (4 << 20) - (64 << 10));
   EXPECT_THAT(d.patterns(), ::testing::ElementsAre("dense", "window", "dilated", "block_sparse"));
   EXPECT_THAT(d.dtypes(), ::testing::ElementsAre("f32", "f16", "bf16"));
   EXPECT_THAT(d.limits().block_sizes(), ::testing::ElementsAre(64, 128));
@@ -400,8 +402,8 @@ TEST_F(ServiceTest, ConcurrentCallsAllComplete) {
   std::atomic<int> ok{0};
   for (int i = 0; i < 6; ++i) {
     threads.emplace_back([&, i] {
-      v1::AttendHeader h = Header(v1::DTYPE_BF16, 1, 128 + 16 * i, 4, 1, 32,
-                                  R"({"dense": {}, "causal": true})");
+      v1::AttendHeader h =
+          Header(v1::DTYPE_BF16, 1, 128 + 16 * i, 4, 1, 32, R"({"dense": {}, "causal": true})");
       h.set_return_lse(true);
       const Inputs in = MakeInputs(h, 100 + i);
       const CallResult r = Attend(stub_.get(), h, in, 1000);

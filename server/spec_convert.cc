@@ -6,8 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/json_util.h"
 #include "core/util/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace attnserve {
 namespace {
@@ -141,8 +141,8 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
     default:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": unknown value ", static_cast<int>(dtype), " (DTYPE_F32, DTYPE_F16 or DTYPE_BF16)"));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": unknown value ", static_cast<int>(dtype),
+                                                 " (DTYPE_F32, DTYPE_F16 or DTYPE_BF16)"));
 }
 
 v1::DType DTypeToProto(DType dtype) {
@@ -191,11 +191,10 @@ absl::StatusOr<v1::AttentionSpec> ParseSpecJsonProto(const std::string& json) {
   options.ignore_unknown_fields = false;
   const auto status = google::protobuf::util::JsonStringToMessage(json, &proto, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec: not a valid AttentionSpec in the proto3 JSON mapping (",
-                     std::string(status.message()), "); example: {\"dilated\": ",
-                     "{\"segmentLengths\": [2048, 4096], \"dilationRates\": [1, 2]}, ",
-                     "\"causal\": true}"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: not a valid AttentionSpec in the proto3 JSON mapping (",
+        std::string(status.message()), "); example: {\"dilated\": ",
+        "{\"segmentLengths\": [2048, 4096], \"dilationRates\": [1, 2]}, ", "\"causal\": true}"));
   }
   return proto;
 }

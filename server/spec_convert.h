@@ -4,9 +4,9 @@
 #define ATTNSERVE_SERVER_SPEC_CONVERT_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "attnserve/v1/attnserve.pb.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/dtype.h"

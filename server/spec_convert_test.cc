@@ -61,7 +61,8 @@ TEST(SpecConvertTest, ParsesTheDocumentedJson) {
   EXPECT_TRUE(s->causal);
 
   // snake_case names and 64-bit integers as strings are part of the proto3 JSON mapping.
-  s = ParseSpecJson(R"({"block_sparse": {"block_size": 64, "random": {"keep": 0.1, "seed": "7"}}})");
+  s = ParseSpecJson(
+      R"({"block_sparse": {"block_size": 64, "random": {"keep": 0.1, "seed": "7"}}})");
   ASSERT_TRUE(s.ok()) << s.status();
   const auto* bs = std::get_if<BlockSparseSpec>(&s->pattern);
   ASSERT_NE(bs, nullptr);

@@ -21,8 +21,7 @@ TEST(StatusUtilTest, MapsEveryCanonicalCodeAndKeepsTheMessage) {
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("x")).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
   // Codes outside the canonical range become UNKNOWN.
   EXPECT_EQ(ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(99), "odd")).error_code(),

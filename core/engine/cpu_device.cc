@@ -140,8 +140,8 @@ class CpuDevice final : public Device {
     bytes += (q + 2 * kv) * 4;                         // f32 copies of the inputs
     bytes += q * 4 + rows * 8;                         // f32 O accumulator, running max and sum
     if (const auto* dilated = std::get_if<DilatedSpec>(&spec.pattern)) {
-      bytes += q * 4 + rows * 4;   // one branch partial being merged
-      bytes += (q + 2 * kv) * 4;   // gathered copies
+      bytes += q * 4 + rows * 4;  // one branch partial being merged
+      bytes += (q + 2 * kv) * 4;  // gathered copies
       const absl::int128 branches = dilated->segment_lengths.size();
       bytes += branches * std::min<int64_t>(shape.q_heads, 64) * shape.tokens * 8 * 2;
     }
@@ -195,6 +195,17 @@ class CpuDevice final : public Device {
       info->sparsity = figures.sparsity;
     }
     return out;
+  }
+
+  absl::Status RunHostTask(int64_t bytes,
+                           const std::function<absl::Status(ThreadPool* pool)>& task) override {
+    tracker_.Allocate(bytes);
+    struct Release {
+      MemoryTracker* tracker;
+      int64_t bytes;
+      ~Release() { tracker->Free(bytes); }
+    } release{&tracker_, bytes};
+    return task(&pool_);
   }
 
  private:

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "core/tensor/tensor.h"
 
 namespace attnserve {
+
+class ThreadPool;  // core/util/thread_pool.h
 
 enum class BackendKind { kCpu, kCuda };
 std::string_view BackendName(BackendKind kind);  // "cpu", "cuda"
@@ -40,6 +43,8 @@ struct RunInfo {
   double compute_seconds = 0;  // wall time on the device including copies
   double flops = 0;            // 4 * B * Hq * D * admitted pairs
   double sparsity = 0;         // skipped (query block, key block) pairs
+  std::string engine;          // the kernels that ran: "cudnn" or "flash_fwd" on a CudaDevice;
+                               // empty where the backend does not record it
 };
 
 class Device {
@@ -58,6 +63,17 @@ class Device {
   virtual absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                                const HostTensor& k, const HostTensor& v,
                                                const RunControl& control, RunInfo* info) = 0;
+  // Runs `task` with this device's host compute resources: the CPU device passes its thread pool
+  // and charges `bytes` to its memory tracker while the task runs (the server runs one rank of a
+  // CPU ring this way). Called only from this device's worker thread. Backends without host
+  // compute resources (CUDA) return UNIMPLEMENTED, which is the default.
+  virtual absl::Status RunHostTask(int64_t bytes,
+                                   const std::function<absl::Status(ThreadPool* pool)>& task) {
+    (void)bytes;
+    (void)task;
+    return absl::UnimplementedError(std::string(BackendName(kind())) +
+                                    " device: no host compute task support");
+  }
 };
 
 // A CPU device: `threads` threads of its own; buffers charged to its own MemoryTracker.

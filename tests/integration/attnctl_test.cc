@@ -214,5 +214,46 @@ TEST_F(AttnctlTest, FailuresHaveDocumentedExitCodes) {
   EXPECT_TRUE(Contains(r.output, "UNAVAILABLE")) << r.output;
 }
 
+// --placement: the hint reaches the server (2 CPU workers) and run/bench print what ran.
+TEST(AttnctlPlacementTest, PlacementFlag) {
+  ServerOptions options;
+  options.extra_args = {"--cpu-workers=2", "--cpu-threads=1"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = "--server=" + (*server)->target();
+  auto attnctl = [](std::vector<std::string> args) -> CommandResult {
+    absl::StatusOr<CommandResult> r = RunCommand(ATTNCTL_BINARY, args, absl::Seconds(120));
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      return {};
+    }
+    std::printf("%s(exit %d)\n", r->output.c_str(), r->exit_code);
+    return *r;
+  };
+  CommandResult r = attnctl({"run", target, "--random=1,301,4,2,32", "--dtype=f32", "--causal",
+                             "--placement=ring", "--check", "--tolerance=1e-5"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.output, "on cpu:0, cpu:1, placement ring") ||
+              Contains(r.output, "on cpu:1, cpu:0, placement ring"))
+      << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+
+  r = attnctl({"run", target, "--random=2,130,4,2,32", "--dtype=f32", "--placement", "data",
+               "--check", "--tolerance=1e-5"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.output, "placement data_parallel")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+
+  r = attnctl({"bench", target, "--random=1,200,2,2,16", "--dtype=f32", "--requests=2",
+               "--placement=ring"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.output, "placement ring on")) << r.output;
+
+  r = attnctl({"run", target, "--random=1,64,1,1,16", "--placement=sideways"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.output, "--placement")) << r.output;
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
 }  // namespace
 }  // namespace attnserve::testing
