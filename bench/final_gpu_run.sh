@@ -5,7 +5,8 @@
 #   2. bench/multigpu_run.sh: ring tests on 2 GPUs, attnbench_ring, the PyTorch+NCCL ring
 #   3. bench/gpu_run.sh: single-GPU tests (kernels, cuDNN engine, CudaDevice) and the side-by-side
 #      benchmarks against PyTorch SDPA (flash, cuDNN) and FlexAttention, on GPU 0
-# Results: $OUT/results.tgz (every file of every step) plus the three summaries.
+# Results: $OUT/{service,multi,single}.tgz (every file of each step, written as each step ends,
+# so a lease cut short still returns what finished) plus the three summaries.
 set -u
 OUT=${OUT:?OUT must be set}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,6 +23,8 @@ stamp "service: start attnserve --backend cuda"
   --metrics-listen 127.0.0.1:0 --metrics-port-file "$S/mport" > "$S/attnserve.log" 2>&1 &
 SPID=$!
 for _ in $(seq 1 100); do [ -s "$S/port" ] && [ -s "$S/mport" ] && break; sleep 0.2; done
+SERVICE_DEADLINE=$(( $(date +%s) + 140 ))
+left() { echo $(( SERVICE_DEADLINE - $(date +%s) > 5 ? SERVICE_DEADLINE - $(date +%s) : 5 )); }
 if [ -s "$S/port" ]; then
   ADDR=127.0.0.1:$(cat "$S/port")
   {
@@ -32,16 +35,16 @@ if [ -s "$S/port" ]; then
         '{"blockSparse": {"blockSize": 128, "random": {"keep": 0.2, "seed": "3"}}, "causal": true}'; do
       for placement in single ring; do
         echo "### spec=$spec placement=$placement"
-        timeout 60 "$BIN/attnctl" run --server "$ADDR" --random 1,2000,8,4,128 --dtype bf16 --seed 11 \
+        timeout $(( $(left) < 30 ? $(left) : 30 )) "$BIN/attnctl" run --server "$ADDR" --random 1,2000,8,4,128 --dtype bf16 --seed 11 \
           --spec "$spec" --placement "$placement" --check
         echo "rc=$?"
       done
     done
     echo "### larger ring request through the service (no check): N=262144, Hq=8, D=128, causal"
-    timeout 90 "$BIN/attnctl" run --server "$ADDR" --random 1,262144,8,8,128 --dtype bf16 --seed 5 \
+    timeout $(( $(left) < 60 ? $(left) : 60 )) "$BIN/attnctl" run --server "$ADDR" --random 1,262144,8,8,128 --dtype bf16 --seed 5 \
       --spec '{"dense": {}}' --causal --placement ring
     echo "rc=$?"
-    timeout 90 "$BIN/attnctl" run --server "$ADDR" --random 1,262144,8,8,128 --dtype bf16 --seed 5 \
+    timeout $(( $(left) < 60 ? $(left) : 60 )) "$BIN/attnctl" run --server "$ADDR" --random 1,262144,8,8,128 --dtype bf16 --seed 5 \
       --spec '{"dense": {}}' --causal --placement single
     echo "rc=$?"
   } > "$S/attnctl.log" 2>&1
@@ -56,19 +59,19 @@ kill -KILL $SPID 2>/dev/null
   echo "# service on CUDA"; grep -E "^###|rc=|PASS|FAIL|placement|devices|backend|error" "$S/attnctl.log" | head -80
   echo; echo "## metrics"; grep -E "^attnserve_(device_tokens_total|device_memory_peak_bytes|nccl_bytes_total|device_memory_imbalance_ratio|requests_total\{code=\"OK\"\})" "$S/metrics.txt"
 } > "$S/summary.md"
+tar czf "$OUT/service.tgz" -C "$R" service 2>/dev/null; cp "$S/summary.md" "$OUT/service_summary.md"
 stamp "service done"
 
 # 2. Multi-GPU.
-OUT="$R/multi" timeout -k 5 300 bash bench/multigpu_run.sh > "$R/multi/stdout.log" 2>&1
-stamp "multigpu done rc=$?"
+OUT="$R/multi" timeout -k 5 230 bash bench/multigpu_run.sh > "$R/multi/stdout.log" 2>&1
+rc=$?
+tar czf "$OUT/multi.tgz" -C "$R" multi 2>/dev/null; cp "$R/multi/summary.md" "$OUT/multi_summary.md" 2>/dev/null
+stamp "multigpu done rc=$rc"
 
 # 3. Single GPU (huge cases were measured in an earlier lease; skipped here to fit this one).
-OUT="$R/single" ATTN_SKIP_HUGE=1 timeout -k 5 330 bash bench/gpu_run.sh > "$R/single/stdout.log" 2>&1
-stamp "single done rc=$?"
-
-tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null
-cp "$R/service/summary.md" "$OUT/service_summary.md"
-cp "$R/multi/summary.md" "$OUT/multi_summary.md" 2>/dev/null
-cp "$R/single/summary.md" "$OUT/single_summary.md" 2>/dev/null
+OUT="$R/single" ATTN_SKIP_HUGE=1 timeout -k 5 190 bash bench/gpu_run.sh > "$R/single/stdout.log" 2>&1
+rc=$?
+tar czf "$OUT/single.tgz" -C "$R" single 2>/dev/null; cp "$R/single/summary.md" "$OUT/single_summary.md" 2>/dev/null
+stamp "single done rc=$rc"
 cat "$OUT/service_summary.md"; tail -40 "$OUT/multi_summary.md" 2>/dev/null; tail -30 "$OUT/single_summary.md" 2>/dev/null
 stamp "all done"

@@ -67,12 +67,12 @@ step "ring tests rc=$TEST_RC (plan test rc=$PLAN_RC)"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu-bundle/COMMIT 2>/dev/null || echo unknown)
 timeout -k 5 165 "$BIN/attnbench_ring" --json="$OUT/ring_bench.json" --ns=262144 --reps=5 \
   --warmup=1 --heads=8 --dim=128 --devices=2 --longest=1048576,2097152,4194304 \
-  --max_run_s=40 --budget_s=90 --commit="$COMMIT" > "$BENCH_LOG" 2>&1
+  --max_run_s=30 --budget_s=60 --commit="$COMMIT" > "$BENCH_LOG" 2>&1
 BENCH_RC=$?
 step "attnbench_ring rc=$BENCH_RC"
 
 # 4. PyTorch ring, same shapes.
-timeout -k 5 60 torchrun --standalone --nproc_per_node=2 "$HERE/compare_torch_ring.py" \
+timeout -k 5 50 torchrun --standalone --nproc_per_node=2 "$HERE/compare_torch_ring.py" \
   --json="$OUT/torch_ring.json" --ns=262144 --reps=5 --warmup=1 --budget_s=30 \
   > "$TORCH_LOG" 2>&1
 TORCH_RC=$?
