@@ -92,6 +92,11 @@ class AttentionServiceImpl::AttendReactor final
         } else if (stage_ == Stage::kReceiving) {
           absl::Status s = assembler_.Complete();
           final_ = s.ok() ? absl::InternalError("request complete but not submitted") : s;
+        } else {
+          // The request's half-close. OK is only sent after it, so that anything the client sends
+          // after the last input byte is always seen and refused, however fast the job ran.
+          half_closed_ = true;
+          if (all_written_) final_ = absl::OkStatus();
         }
       } else if (stage_ == Stage::kReceiving) {
         OnMessageLocked(&a);
@@ -324,9 +329,11 @@ class AttentionServiceImpl::AttendReactor final
       const int64_t tensor_bytes = on_o ? o_bytes : lse_bytes;
       const int64_t offset = on_o ? send_offset_ : send_offset_ - o_bytes;
       if (!on_o && offset >= lse_bytes) {
-        // Everything has been written: release the outputs now rather than at OnDone.
+        // Everything has been written: release the outputs now rather than at OnDone. The call
+        // ends OK once the client has half-closed (see OnReadDone).
         result_.outputs = AttentionOutputs();
-        final_ = absl::OkStatus();
+        all_written_ = true;
+        if (half_closed_) final_ = absl::OkStatus();
         return a;
       }
       const int64_t n = std::min(chunk, tensor_bytes - offset);
@@ -385,6 +392,8 @@ class AttentionServiceImpl::AttendReactor final
   bool cancelled_ = false;
   int starting_ = 0;  // operations decided under mu_ but not yet started
   bool header_sent_ = false;
+  bool all_written_ = false;  // every response message has been written
+  bool half_closed_ = false;  // the client half-closed after the request was complete
   int64_t send_offset_ = 0;  // over O then LSE
   JobResult result_;
   std::optional<absl::Status> final_;  // the outcome, once decided
