@@ -165,10 +165,8 @@ class AttentionServiceImpl::AttendReactor final
   void OnDone() override {
     const absl::Status status = final_.value_or(absl::UnknownError("finished without an outcome"));
     const grpc::StatusCode code = ToGrpcStatus(status).error_code();
+    if (!recorded_) RecordOutcome(code);
     const double total = absl::ToDoubleSeconds(absl::Now() - start_);
-    Metrics* metrics = service_->metrics_;
-    metrics->RecordRequest(code, total);
-    metrics->AddInflight(-1);
     const AttentionShape& sh = assembler_.shape();
     const std::string line = absl::StrFormat(
         "attend id=%s shape=[%d, %d, %d/%d, %d] %s spec=%s code=%s receive=%.3fs queue=%.3fs "
@@ -356,7 +354,17 @@ class AttentionServiceImpl::AttendReactor final
     if (!final_ || finished_ || write_in_flight_ || job_outstanding_ || starting_ > 0) return a;
     finished_ = true;
     a.finish = ToGrpcStatus(*final_);
+    // Counted before the status goes out, so a caller that sees its status and then scrapes
+    // /metrics finds its call counted.
+    RecordOutcome(a.finish->error_code());
     return a;
+  }
+
+  // The request counters of this call: exactly once, at Finish (or at OnDone if it never came).
+  void RecordOutcome(grpc::StatusCode code) {
+    recorded_ = true;
+    service_->metrics_->RecordRequest(code, absl::ToDoubleSeconds(absl::Now() - start_));
+    service_->metrics_->AddInflight(-1);
   }
 
   // Runs the decided operations outside mu_. Nothing touches `this` after Finish.
@@ -392,6 +400,7 @@ class AttentionServiceImpl::AttendReactor final
   bool cancelled_ = false;
   int starting_ = 0;  // operations decided under mu_ but not yet started
   bool header_sent_ = false;
+  bool recorded_ = false;     // RecordOutcome ran
   bool all_written_ = false;  // every response message has been written
   bool half_closed_ = false;  // the client half-closed after the request was complete
   int64_t send_offset_ = 0;  // over O then LSE
