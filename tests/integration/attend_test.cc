@@ -142,11 +142,7 @@ TEST_P(AttendTest, MatchesReference) {
 
   std::unique_ptr<client::AttnClient> attn = server_->NewClient();
   ASSERT_NE(attn, nullptr);
-  client::AttendInput input;
-  input.q = &problem->q;
-  input.k = &problem->k;
-  input.v = &problem->v;
-  input.spec = problem->spec;
+  client::AttendInput input = AttendInputFor(*problem);
   input.return_lse = true;
   input.request_id = absl::StrCat("attend-test-", CaseName({c, 0}));
   client::CallOptions call;
@@ -185,11 +181,7 @@ TEST(AttendOptionsTest, NoLseAndSmallResponseChunks) {
   options.chunk_bytes = 10000;  // not a multiple of the element size: chunks split elements
   absl::StatusOr<std::unique_ptr<client::AttnClient>> attn = client::AttnClient::Create(options);
   ASSERT_TRUE(attn.ok()) << attn.status();
-  client::AttendInput input;
-  input.q = &problem->q;
-  input.k = &problem->k;
-  input.v = &problem->v;
-  input.spec = problem->spec;
+  client::AttendInput input = AttendInputFor(*problem);
   input.return_lse = false;
   input.response_chunk_bytes = 4096;
   int64_t last_sent = -1;
@@ -230,11 +222,7 @@ TEST(AttendOptionsTest, RetriesWhileUnreachableThenFailsWithUnavailable) {
   absl::StatusOr<Problem> problem =
       MakeProblem(DType::kF32, 1, 64, 1, 1, 16, SpecFromJson(R"({"dense": {}})"), 7);
   ASSERT_TRUE(problem.ok());
-  client::AttendInput input;
-  input.q = &problem->q;
-  input.k = &problem->k;
-  input.v = &problem->v;
-  input.spec = problem->spec;
+  client::AttendInput input = AttendInputFor(*problem);
   client::CallOptions call;
   call.timeout = absl::Seconds(20);
   const absl::Time start = absl::Now();
@@ -266,11 +254,7 @@ TEST(AttendOptionsTest, RetriesUntilTheServerComesUp) {
 
   // The call starts first and keeps retrying; the server comes up on that port half a second
   // later (started from this thread: see ChildProcess on why the spawning thread must live on).
-  client::AttendInput input;
-  input.q = &problem->q;
-  input.k = &problem->k;
-  input.v = &problem->v;
-  input.spec = problem->spec;
+  client::AttendInput input = AttendInputFor(*problem);
   client::CallOptions call;
   call.timeout = absl::Seconds(60);
   absl::StatusOr<client::AttendResult> result = absl::UnknownError("not run");

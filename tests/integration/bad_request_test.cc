@@ -437,11 +437,7 @@ TEST_F(BadRequestTest, EveryMalformedStreamIsRefusedAndTheServerRecovers) {
   ASSERT_TRUE(problem.ok()) << problem.status();
   std::unique_ptr<client::AttnClient> attn = server_->NewClient();
   ASSERT_NE(attn, nullptr);
-  client::AttendInput input;
-  input.q = &problem->q;
-  input.k = &problem->k;
-  input.v = &problem->v;
-  input.spec = problem->spec;
+  client::AttendInput input = AttendInputFor(*problem);
   client::CallOptions call;
   call.timeout = absl::Seconds(60);
   absl::StatusOr<client::AttendResult> result = attn->Attend(input, call);
@@ -465,11 +461,7 @@ TEST_F(BadRequestTest, ClientSurfacesServerErrorMidUpload) {
   options.chunk_bytes = 64 << 10;
   absl::StatusOr<std::unique_ptr<client::AttnClient>> attn = client::AttnClient::Create(options);
   ASSERT_TRUE(attn.ok());
-  client::AttendInput input;
-  input.q = &problem->q;
-  input.k = &problem->k;
-  input.v = &problem->v;
-  input.spec = problem->spec;
+  client::AttendInput input = AttendInputFor(*problem);
   int64_t sent = 0;
   int64_t total = 0;
   client::CallOptions call;

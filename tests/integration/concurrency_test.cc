@@ -82,11 +82,7 @@ TEST(ConcurrencyTest, MixedRequestsFromManyThreadsEachMatchTheirReference) {
           fail(absl::StrCat(what, ": ", problem.status().ToString()));
           continue;
         }
-        client::AttendInput input;
-        input.q = &problem->q;
-        input.k = &problem->k;
-        input.v = &problem->v;
-        input.spec = problem->spec;
+        client::AttendInput input = AttendInputFor(*problem);
         input.request_id = id;
         client::CallOptions call;
         call.timeout = absl::Seconds(60);
@@ -146,11 +142,7 @@ TEST(ConcurrencyTest, ManyTinyRequestsBackToBack) {
   for (int t = 0; t < kTinyThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kTinyRequests; ++i) {
-        client::AttendInput input;
-        input.q = &problem->q;
-        input.k = &problem->k;
-        input.v = &problem->v;
-        input.spec = problem->spec;
+        client::AttendInput input = AttendInputFor(*problem);
         input.request_id = absl::StrCat("tiny-", t, "-", i);
         client::CallOptions call;
         call.timeout = absl::Seconds(20);
@@ -216,11 +208,7 @@ TEST(ConcurrencyTest, QueueLimitRefusesOverflowWithoutHangingOrCorruption) {
   for (int c = 0; c < kCalls; ++c) {
     threads.emplace_back([&, c] {
       const Problem& problem = problems[c % 2];
-      client::AttendInput input;
-      input.q = &problem.q;
-      input.k = &problem.k;
-      input.v = &problem.v;
-      input.spec = problem.spec;
+      client::AttendInput input = AttendInputFor(problem);
       input.request_id = absl::StrCat("queue-", c);
       client::CallOptions call;
       call.timeout = absl::Seconds(120);  // a hang shows as DEADLINE_EXCEEDED, not a stuck test

@@ -112,11 +112,7 @@ TEST_P(PlacementTest, RingAndDataParallelMatchReferenceAndSingle) {
     ASSERT_TRUE(problem.ok()) << problem.status();
 
     auto attend = [&](v1::Placement hint) -> absl::StatusOr<client::AttendResult> {
-      client::AttendInput input;
-      input.q = &problem->q;
-      input.k = &problem->k;
-      input.v = &problem->v;
-      input.spec = problem->spec;
+      client::AttendInput input = AttendInputFor(*problem);
       input.return_lse = true;
       input.placement = hint;
       input.request_id = absl::StrCat("placement-", c.name, "-", v1::Placement_Name(hint));
@@ -167,11 +163,7 @@ TEST_P(PlacementTest, RingAndDataParallelMatchReferenceAndSingle) {
     absl::StatusOr<Problem> problem = MakeProblem(DType::kF32, batch, tokens, q_heads, kv_heads,
                                                   head_dim, SpecFromJson(R"({"dense": {}})"), seed);
     ASSERT_TRUE(problem.ok()) << problem.status();
-    client::AttendInput input;
-    input.q = &problem->q;
-    input.k = &problem->k;
-    input.v = &problem->v;
-    input.spec = problem->spec;
+    client::AttendInput input = AttendInputFor(*problem);
     input.placement = v1::PLACEMENT_AUTO;
     absl::StatusOr<client::AttendResult> r = attn->Attend(input);
     ASSERT_TRUE(r.ok()) << r.status();

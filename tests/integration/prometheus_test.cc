@@ -103,11 +103,7 @@ TEST(PrometheusTest, ScrapesAttnserveMetrics) {
     absl::StatusOr<Problem> problem = MakeProblem(
         DType::kBF16, 1, 256, 4, 2, 64, SpecFromJson(R"({"dense": {}, "causal": true})"), seed + i);
     ASSERT_TRUE(problem.ok()) << problem.status();
-    client::AttendInput input;
-    input.q = &problem->q;
-    input.k = &problem->k;
-    input.v = &problem->v;
-    input.spec = problem->spec;
+    client::AttendInput input = AttendInputFor(*problem);
     client::CallOptions call;
     call.timeout = absl::Seconds(30);
     absl::StatusOr<client::AttendResult> result = attn->Attend(input, call);

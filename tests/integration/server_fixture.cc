@@ -479,4 +479,13 @@ attnserve::v1::AttentionSpec SpecFromJson(const std::string& json) {
   return *std::move(spec);
 }
 
+client::AttendInput AttendInputFor(const Problem& problem) {
+  client::AttendInput input;
+  input.q = &problem.q;
+  input.k = &problem.k;
+  input.v = &problem.v;
+  input.spec = problem.spec;
+  return input;
+}
+
 }  // namespace attnserve::testing

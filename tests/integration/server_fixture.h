@@ -151,6 +151,8 @@ struct Problem {
 absl::StatusOr<Problem> MakeProblem(DType dtype, int64_t batch, int64_t tokens, int64_t q_heads,
                                     int64_t kv_heads, int64_t head_dim,
                                     const attnserve::v1::AttentionSpec& spec, uint64_t seed);
+// The client input for `problem`: borrows its tensors, so `problem` must outlive the call.
+client::AttendInput AttendInputFor(const Problem& problem);
 
 // Compares an Attend result with the float64 reference of `problem`. OK when O's max relative
 // error is <= o_tolerance, LSE's max absolute error (when LSE is present) <= lse_tolerance and no
