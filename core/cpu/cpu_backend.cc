@@ -340,38 +340,6 @@ absl::Status RunItems(const CpuRunOptions& options, int64_t n,
   return absl::OkStatus();
 }
 
-absl::StatusOr<AttentionShape> CheckInputs(const HostTensor& q, const HostTensor& k,
-                                           const HostTensor& v) {
-  for (const auto& [name, t] : {std::pair<const char*, const HostTensor*>{"q", &q},
-                                {"k", &k},
-                                {"v", &v}}) {
-    if (t->rank() != 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": expected rank 4 [B, N, H, D], got ", t->DebugString()));
-    }
-  }
-  if (k.dtype() != q.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("k: dtype ", std::string(DTypeName(k.dtype())),
-                                                   " does not match q's ", std::string(DTypeName(q.dtype()))));
-  }
-  if (v.dtype() != q.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("v: dtype ", std::string(DTypeName(v.dtype())),
-                                                   " does not match q's ", std::string(DTypeName(q.dtype()))));
-  }
-  if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k: shape ", k.DebugString(), " does not match q's batch/tokens/head_dim ",
-                     q.DebugString()));
-  }
-  if (v.dims() != k.dims()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("v: shape ", v.DebugString(), " does not match k's ", k.DebugString()));
-  }
-  AttentionShape shape{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  return shape;
-}
-
 // Float32 [B, H, N, D] copies of the inputs, charged to the tracker: every (batch, head) slice is
 // contiguous rows, which is what the tile GEMMs read.
 struct Workspaces {
@@ -657,7 +625,7 @@ absl::Status CheckPiece(const RectLayout& l, const CpuPieceArgs& a) {
 absl::Status CpuAttentionInto(const AttentionSpec& spec, const CompiledPattern& compiled,
                               const HostTensor& q, const HostTensor& k, const HostTensor& v,
                               const CpuRunOptions& options, HostTensor& o, HostTensor& lse) {
-  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, CheckInputs(q, k, v));
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   const bool is_dilated = std::holds_alternative<DilatedSpec>(spec.pattern);
   if (is_dilated != compiled.dilated.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -689,7 +657,7 @@ absl::StatusOr<AttentionOutputs> CpuAttentionCompiled(const AttentionSpec& spec,
                                                       const HostTensor& q, const HostTensor& k,
                                                       const HostTensor& v,
                                                       const CpuRunOptions& options) {
-  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, CheckInputs(q, k, v));
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   AttentionOutputs out;
   ATTN_ASSIGN_OR_RETURN(out.o, HostTensor::Create(q.dtype(), q.dims(), options.tracker));
   ATTN_ASSIGN_OR_RETURN(out.lse, HostTensor::Create(DType::kF32,
@@ -702,7 +670,7 @@ absl::StatusOr<AttentionOutputs> CpuAttentionCompiled(const AttentionSpec& spec,
 absl::StatusOr<AttentionOutputs> CpuAttention(const AttentionSpec& spec, const HostTensor& q,
                                               const HostTensor& k, const HostTensor& v,
                                               const CpuRunOptions& options) {
-  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, CheckInputs(q, k, v));
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
   ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
                         CompilePattern(spec, s.tokens, s.q_heads, options.compile));

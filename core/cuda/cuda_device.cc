@@ -299,19 +299,7 @@ class CudaDevice final : public Device {
                                            const HostTensor& k, const HostTensor& v,
                                            const RunControl& control, RunInfo* info) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) {
-      return absl::InvalidArgumentError("q, k, v: expected rank 4 [B, N, H, D]");
-    }
-    if (q.dtype() != k.dtype() || q.dtype() != v.dtype()) {
-      return absl::InvalidArgumentError("k, v: dtype must match q");
-    }
-    if (k.dims() != v.dims() || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) ||
-        k.dim(3) != q.dim(3)) {
-      return absl::InvalidArgumentError(absl::StrCat("k, v: shapes ", k.DebugString(), " / ",
-                                                     v.DebugString(), " do not match q ",
-                                                     q.DebugString()));
-    }
-    const AttentionShape shape{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+    ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
     const DType dtype = q.dtype();
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 

@@ -38,23 +38,6 @@ std::vector<TokenRange> CutRanges(int64_t n, int64_t parts, int64_t unit) {
   return out;
 }
 
-absl::Status CheckInputs(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                         AttentionShape* shape) {
-  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat("q, k, v: expected [B, N, H, D] tensors, got ",
-                                                   q.DebugString(), ", ", k.DebugString(), ", ",
-                                                   v.DebugString()));
-  }
-  if (k.dims() != v.dims() || k.dtype() != q.dtype() || v.dtype() != q.dtype() ||
-      k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k, v: must be [B, N, Hkv, D] in q's dtype to match q ", q.DebugString(),
-                     ", got ", k.DebugString(), " and ", v.DebugString()));
-  }
-  *shape = AttentionShape{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  return ValidateShape(*shape);
-}
-
 // Copies `d` elements of row (b, pos, head) of a [B, N, H, D] tensor as raw bytes.
 inline const std::byte* RowPtr(const HostTensor& t, int64_t b, int64_t pos, int64_t head) {
   const int64_t n = t.dim(1), h = t.dim(2), d = t.dim(3);
@@ -93,7 +76,7 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
     return absl::InvalidArgumentError(absl::StrCat("ring: tile must be >= 1, got ", options.tile));
   }
   std::unique_ptr<RingRun> run(new RingRun());
-  ATTN_RETURN_IF_ERROR(CheckInputs(q, k, v, &run->shape_));
+  ATTN_ASSIGN_OR_RETURN(run->shape_, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, run->shape_));
   const AttentionShape& s = run->shape_;
   run->spec_ = spec;
@@ -532,8 +515,7 @@ absl::StatusOr<AttentionOutputs> DataParallelAttention(const AttentionSpec& spec
     return absl::InvalidArgumentError(
         absl::StrCat("data parallel: devices must be >= 1, got ", devices));
   }
-  AttentionShape s;
-  ATTN_RETURN_IF_ERROR(CheckInputs(q, k, v, &s));
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
   const DataParallelSplit split = SplitDataParallel(spec, s, devices);
   const int64_t c = split.kv_heads_per_unit;

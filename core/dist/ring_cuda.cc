@@ -284,24 +284,6 @@ RingCudaRankStats RingCudaRank::stats() const {
 
 namespace {
 
-absl::Status CheckInputs(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                         AttentionShape* shape) {
-  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) {
-    return absl::InvalidArgumentError("q, k, v: expected rank-4 tensors [B, N, H, D]");
-  }
-  if (q.dtype() != k.dtype() || q.dtype() != v.dtype()) {
-    return absl::InvalidArgumentError("q, k, v: dtypes differ");
-  }
-  if (k.dims() != v.dims() || q.dim(0) != k.dim(0) || q.dim(1) != k.dim(1) ||
-      q.dim(3) != k.dim(3)) {
-    return absl::InvalidArgumentError(absl::StrCat("k/v: shape ", k.DebugString(), " / ",
-                                                   v.DebugString(), " does not match q ",
-                                                   q.DebugString()));
-  }
-  *shape = {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  return ValidateShape(*shape);
-}
-
 // bf16 copy of an f32 tensor (the kernels compute in bf16, as CudaAttentionPlan does).
 absl::StatusOr<HostTensor> ToBf16(const HostTensor& t) {
   ATTN_ASSIGN_OR_RETURN(HostTensor out, HostTensor::Create(DType::kBF16, t.dims()));
@@ -430,8 +412,7 @@ absl::StatusOr<AttentionOutputs> RingAttentionCuda(const AttentionSpec& spec, co
                                                    std::vector<int> devices,
                                                    const RingCudaOptions& options,
                                                    std::vector<RingCudaRankStats>* stats) {
-  AttentionShape shape;
-  ATTN_RETURN_IF_ERROR(CheckInputs(q, k, v, &shape));
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
   if (devices.empty()) return absl::InvalidArgumentError("ring (CUDA): no devices");
   const DType in_dtype = q.dtype();

@@ -159,11 +159,7 @@ class CpuDevice final : public Device {
     if (start >= control.deadline) {
       return absl::DeadlineExceededError("deadline passed before the run started");
     }
-    if (q.rank() != 4 || k.rank() != 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("q, k: expected rank 4, got ", q.DebugString(), " and ", k.DebugString()));
-    }
-    const AttentionShape shape{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+    ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
     ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
 
     // The inputs are host buffers this device reads for the whole run: charge them here so the

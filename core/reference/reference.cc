@@ -34,39 +34,6 @@ std::vector<double> ToDouble(const HostTensor& t) {
   return out;
 }
 
-absl::StatusOr<AttentionShape> ShapeOf(const HostTensor& q, const HostTensor& k,
-                                       const HostTensor& v) {
-  for (const auto& [name, t] : {std::pair<const char*, const HostTensor*>{"q", &q},
-                                {"k", &k},
-                                {"v", &v}}) {
-    if (t->rank() != 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": expected rank 4 [B, N, H, D], got ", t->DebugString()));
-    }
-  }
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("k/v: dtype must equal q's (", q.DebugString(),
-                                                   "), got k ", k.DebugString(), ", v ",
-                                                   v.DebugString()));
-  }
-  if (k.dims() != v.dims()) {
-    return absl::InvalidArgumentError(absl::StrCat("v: shape ", v.DebugString(),
-                                                   " does not match k's ", k.DebugString()));
-  }
-  if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k: shape ", k.DebugString(), " does not match q's batch/tokens/head_dim ",
-                     q.DebugString()));
-  }
-  AttentionShape shape;
-  shape.batch = q.dim(0);
-  shape.tokens = q.dim(1);
-  shape.q_heads = q.dim(2);
-  shape.kv_heads = k.dim(2);
-  shape.head_dim = q.dim(3);
-  return shape;
-}
-
 // One softmax over the keys `admits` accepts, for query row i of (b, h): writes O (D doubles)
 // and returns the LSE (-inf with O = 0 when no key is admitted).
 class RowAttention {
@@ -168,8 +135,7 @@ bool ReferenceBlockKept(const BlockSparseSpec& bs, int64_t num_blocks, int64_t i
 
 absl::StatusOr<ReferenceResult> ReferenceAttention(const AttentionSpec& spec, const HostTensor& q,
                                                    const HostTensor& k, const HostTensor& v) {
-  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, ShapeOf(q, k, v));
-  ATTN_RETURN_IF_ERROR(ValidateShape(s));
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
 
   const int64_t B = s.batch, N = s.tokens, H = s.q_heads, D = s.head_dim;

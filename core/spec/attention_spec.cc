@@ -275,6 +275,38 @@ absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len) {
       spec.pattern);
 }
 
+absl::StatusOr<AttentionShape> AttentionShapeOf(const HostTensor& q, const HostTensor& k,
+                                                const HostTensor& v) {
+  for (const auto& [name, t] : {std::pair<const char*, const HostTensor*>{"q", &q},
+                                {"k", &k},
+                                {"v", &v}}) {
+    if (t->rank() != 4) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected rank 4 [B, N, H, D], got ", t->DebugString()));
+    }
+  }
+  if (k.dtype() != q.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("k: dtype ", std::string(DTypeName(k.dtype())),
+                                                   " does not match q's ", std::string(DTypeName(q.dtype()))));
+  }
+  if (v.dtype() != q.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("v: dtype ", std::string(DTypeName(v.dtype())),
+                                                   " does not match q's ", std::string(DTypeName(q.dtype()))));
+  }
+  if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("k: shape ", k.DebugString(), " does not match q's batch/tokens/head_dim ",
+                     q.DebugString()));
+  }
+  if (v.dims() != k.dims()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("v: shape ", v.DebugString(), " does not match k's ", k.DebugString()));
+  }
+  AttentionShape shape{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
+  return shape;
+}
+
 absl::Status ValidateSpec(const AttentionSpec& spec, const AttentionShape& shape) {
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
   return ValidateSpecForSeqLen(spec, shape.tokens);

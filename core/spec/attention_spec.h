@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/tensor/tensor.h"
 
 namespace attnserve {
@@ -84,6 +85,12 @@ inline constexpr int64_t kMaxDilatedBranches = 64;
 // Checks the shape on its own: every dim >= 1, q_heads a multiple of kv_heads, head_dim <=
 // kMaxHeadDim. INVALID_ARGUMENT naming the field ("shape.q_heads") and the rule.
 absl::Status ValidateShape(const AttentionShape& shape);
+
+// The shape of q [B, N, Hq, D], k and v [B, N, Hkv, D]: rank 4 each, one dtype, k and v alike
+// and matching q's batch, tokens and head dim; then ValidateShape. INVALID_ARGUMENT names the
+// tensor ("k: shape [1, 128, 4, 64] f32 does not match q's batch/tokens/head_dim ...").
+absl::StatusOr<AttentionShape> AttentionShapeOf(const HostTensor& q, const HostTensor& k,
+                                                const HostTensor& v);
 
 // Checks the spec against the shape. Returns INVALID_ARGUMENT whose message names the field in
 // the proto's spelling (e.g. "spec.dilated.dilation_rates[1]") and the rule it breaks.
