@@ -179,29 +179,15 @@ int64_t AdmittedPairsAllHeads(const AttentionSpec& spec, const CompiledPattern& 
   return pairs;
 }
 
-double OTolerance(DType dtype) {
-  // The same bounds as the unit tests (tests/testing/attention_test_util.h).
-  switch (dtype) {
-    case DType::kF32:
-      return 1e-5;
-    case DType::kF16:
-      return 2e-3;
-    case DType::kBF16:
-      return 1e-2;
-  }
-  return 0;
-}
-constexpr double kLseTolerance = 1e-4;
-
 // The cuda backend computes f32 inputs in bf16 (core/cuda/cuda_attention.h) and its LSE comes
 // from low-precision scores: the GPU tests' bounds (tests/gpu/cuda_attention_test.cc).
 double OToleranceFor(const std::string& backend, DType dtype) {
   if (backend == "cuda") return dtype == DType::kF16 ? 5e-3 : 1e-2;
-  return OTolerance(dtype);
+  return ReferenceOTolerance(dtype);
 }
 double LseToleranceFor(const std::string& backend, DType dtype) {
   if (backend == "cuda") return dtype == DType::kF32 ? 3e-2 : 2e-3;
-  return kLseTolerance;
+  return kReferenceLseTolerance;
 }
 
 struct Inputs {

@@ -225,6 +225,18 @@ absl::StatusOr<ReferenceResult> ReferenceAttention(const AttentionSpec& spec, co
   return result;
 }
 
+double ReferenceOTolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 1e-5;
+    case DType::kF16:
+      return 2e-3;
+    case DType::kBF16:
+      return 1e-2;
+  }
+  return 0;
+}
+
 ErrorStats CompareToReference(const ReferenceResult& ref, const HostTensor& o,
                               const HostTensor* lse) {
   ErrorStats st;

@@ -34,6 +34,11 @@ struct ErrorStats {
                              // LSE not -inf where the reference is -inf
   int64_t checked = 0;       // elements compared
 };
+// Acceptance bounds of a float32-accumulating backend (the CPU backend) against the reference:
+// ErrorStats::o_rel by input dtype (f32 1e-5, f16 2e-3, bf16 1e-2), and ErrorStats::lse_max_abs.
+double ReferenceOTolerance(DType input_dtype);
+inline constexpr double kReferenceLseTolerance = 1e-4;
+
 // o: [B, N, Hq, D] in any dtype, lse: [B, Hq, N] f32 (lse may be null to skip it).
 ErrorStats CompareToReference(const ReferenceResult& ref, const HostTensor& o,
                               const HostTensor* lse);

@@ -40,18 +40,6 @@ HostTensor PoisonedLse(const AttentionShape& s) {
   return t;
 }
 
-double OTolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 1e-5;
-    case DType::kF16:
-      return 2e-3;
-    case DType::kBF16:
-      return 1e-2;
-  }
-  return 0;
-}
-
 ::testing::AssertionResult MatchesReference(const ReferenceResult& ref, const HostTensor& o,
                                             const HostTensor* lse, DType dtype) {
   const ErrorStats st = CompareToReference(ref, o, lse);

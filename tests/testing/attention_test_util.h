@@ -34,9 +34,9 @@ HostTensor PoisonedLse(const AttentionShape& shape);
 
 // Max relative error of O (max |o - ref| / max |ref|) accepted per dtype: f32 1e-5 (accumulation
 // order), f16 2e-3 and bf16 1e-2 (one output rounding of 2^-11 / 2^-8 plus accumulation).
-double OTolerance(DType dtype);
+inline double OTolerance(DType dtype) { return ReferenceOTolerance(dtype); }
 // Max absolute LSE error: LSE is f32 in every dtype and the inputs are exact, so one bound.
-inline constexpr double kLseTolerance = 1e-4;
+inline constexpr double kLseTolerance = kReferenceLseTolerance;
 
 // Success when no output is non-finite where the reference is finite (and -inf LSE rows match),
 // O is within OTolerance(dtype) and LSE within kLseTolerance. The message carries the figures.
