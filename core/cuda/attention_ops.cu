@@ -72,7 +72,101 @@ __global__ void FillUniformKernel(DType dt, void* out, int64_t n, uint64_t seed,
   }
 }
 
+// Weights of the LSE rule for one (acc, new) pair: acc' = wa * acc + wn * new. A new lse of -inf
+// (nothing admitted) keeps the accumulator (wa = 1, wn = 0); an empty accumulator takes the new.
+__device__ __forceinline__ void MergeWeights(float acc_lse, float new_lse, float& wa, float& wn) {
+  if (new_lse == -INFINITY) {
+    wa = 1.f;
+    wn = 0.f;
+    return;
+  }
+  const float m = fmaxf(acc_lse, new_lse);
+  const float ea = acc_lse == -INFINITY ? 0.f : __expf(acc_lse - m);
+  const float en = __expf(new_lse - m);
+  const float inv = 1.f / (ea + en);
+  wa = ea * inv;
+  wn = en * inv;
+}
+
+// One thread per 4 consecutive elements of one (batch, row, head) of O. Reads the accumulator's
+// old LSE; the LSE itself is updated by MergeLseKernel, launched after this one.
+template <typename Elem>
+__global__ void MergeOKernel(const Elem* o, const float* lse, float* acc_o, const float* acc_lse,
+                             int64_t rows, int64_t heads, int64_t head_dim,
+                             int64_t acc_o_batch_stride, int64_t acc_lse_batch_stride,
+                             int64_t acc_lse_head_stride, int64_t total_quads) {
+  const int64_t quads_per_head = head_dim / 4;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total_quads;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % quads_per_head;
+    int64_t t = i / quads_per_head;
+    const int64_t h = t % heads;
+    t /= heads;
+    const int64_t r = t % rows;
+    const int64_t b = t / rows;
+    float wa, wn;
+    MergeWeights(acc_lse[b * acc_lse_batch_stride + h * acc_lse_head_stride + r],
+                 lse[(b * heads + h) * rows + r], wa, wn);
+    if (wn == 0.f) continue;
+    const Elem* src = o + ((b * rows + r) * heads + h) * head_dim + c * 4;
+    float4* dst = reinterpret_cast<float4*>(acc_o + b * acc_o_batch_stride +
+                                            (r * heads + h) * head_dim + c * 4);
+    float4 a = *dst;
+    a.x = wa * a.x + wn * static_cast<float>(src[0]);
+    a.y = wa * a.y + wn * static_cast<float>(src[1]);
+    a.z = wa * a.z + wn * static_cast<float>(src[2]);
+    a.w = wa * a.w + wn * static_cast<float>(src[3]);
+    *dst = a;
+  }
+}
+
+__global__ void MergeLseKernel(const float* lse, float* acc_lse, int64_t rows, int64_t heads,
+                               int64_t acc_lse_batch_stride, int64_t acc_lse_head_stride,
+                               int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i % rows;
+    const int64_t h = (i / rows) % heads;
+    const int64_t b = i / (rows * heads);
+    const float n = lse[i];
+    if (n == -INFINITY) continue;
+    float* a = acc_lse + b * acc_lse_batch_stride + h * acc_lse_head_stride + r;
+    const float m = fmaxf(*a, n);
+    *a = *a == -INFINITY ? n : m + __logf(__expf(*a - m) + __expf(n - m));
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchLseMergeInto(DType o_dtype, const void* o, const float* lse, float* acc_o,
+                               float* acc_lse, int64_t batch, int64_t rows, int64_t heads,
+                               int64_t head_dim, int64_t acc_o_batch_stride,
+                               int64_t acc_lse_batch_stride, int64_t acc_lse_head_stride,
+                               cudaStream_t stream) {
+  if (batch == 0 || rows == 0 || heads == 0) return cudaSuccess;
+  if (head_dim % 4 != 0 || acc_o_batch_stride % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(acc_o) % 16 != 0 ||
+      (o_dtype != DType::kBF16 && o_dtype != DType::kF16)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t quads = batch * rows * heads * (head_dim / 4);
+  if (o_dtype == DType::kBF16) {
+    MergeOKernel<__nv_bfloat16><<<GridFor(quads), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(o), lse, acc_o, acc_lse, rows, heads, head_dim,
+        acc_o_batch_stride, acc_lse_batch_stride, acc_lse_head_stride, quads);
+  } else {
+    MergeOKernel<__half><<<GridFor(quads), kThreads, 0, stream>>>(
+        static_cast<const __half*>(o), lse, acc_o, acc_lse, rows, heads, head_dim,
+        acc_o_batch_stride, acc_lse_batch_stride, acc_lse_head_stride, quads);
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t items = batch * heads * rows;
+  MergeLseKernel<<<GridFor(items), kThreads, 0, stream>>>(lse, acc_lse, rows, heads,
+                                                          acc_lse_batch_stride,
+                                                          acc_lse_head_stride, items);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchConvert(DType in_dtype, const void* in, DType out_dtype, void* out, int64_t n,
                           cudaStream_t stream) {

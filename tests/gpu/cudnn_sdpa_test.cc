@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/cuda/attention_ops.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
@@ -337,6 +338,102 @@ TEST(CudnnSdpaEngineTest, UncoveredCaseIsUnimplementedAndBadPointerInvalid) {
                        nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
 }
+
+// ---- rectangular pieces + LSE merge (the ring's cuDNN steps) ----------------------------------
+
+// A causal sequence cut at `cut` into three pieces, as a ring step sees them: rows [cut, N)
+// against keys [0, cut) (unmasked), rows [cut, N) against keys [cut, N) (causal, top-left) and
+// rows [0, cut) against keys [0, cut) (causal). Each piece reads q/k/v in place inside the full
+// [B, N, H, D] tensors (batch strides of the full tensors), writes O/LSE to a scratch buffer and
+// is LSE-merged into f32 accumulators; the merged result must equal the float64 reference.
+class CudnnSdpaPieceTest : public ::testing::TestWithParam<std::pair<int64_t, DType>> {};
+
+TEST_P(CudnnSdpaPieceTest, MergedPiecesMatchReference) {
+  GET_ENGINE_OR_SKIP(engine);
+  const auto [head_dim, dtype] = GetParam();
+  const AttentionShape shape{2, 1000, 4, 2, head_dim};
+  const int64_t n = shape.tokens, b = shape.batch, hq = shape.q_heads, hkv = shape.kv_heads;
+  const int64_t d = head_dim, cut = 384;
+  AttentionSpec spec;
+  spec.causal = true;
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat(ShapeString(shape, dtype), " seed=", seed));
+  const testing::QkvInputs in = MakeRandomInputs(shape, dtype, seed);
+  auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+
+  const size_t es = DTypeSize(dtype);
+  DevBuf dq(in.q.nbytes()), dk(in.k.nbytes()), dv(in.v.nbytes());
+  DevBuf acc_o(b * n * hq * d * 4), acc_lse(b * hq * n * 4);
+  DevBuf piece_o(b * n * hq * d * es), piece_lse(b * hq * n * 4), out(b * n * hq * d * es);
+  ASSERT_TRUE(dq.p && dk.p && dv.p && acc_o.p && acc_lse.p && piece_o.p && piece_lse.p && out.p);
+  ASSERT_EQ(cudaMemcpy(dq.p, in.q.data(), in.q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk.p, in.k.data(), in.k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dv.p, in.v.data(), in.v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out.p, 0xFF, b * n * hq * d * es), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(acc_o.p, 0, b * n * hq * d * 4, stream), cudaSuccess);
+  ASSERT_EQ(LaunchFillFloat(static_cast<float*>(acc_lse.p), -INFINITY, b * hq * n, stream),
+            cudaSuccess);
+
+  struct Piece {
+    int64_t q0, q1, k0, k1;
+    bool causal;
+  };
+  const Piece pieces[] = {{cut, n, 0, cut, false}, {cut, n, cut, n, true}, {0, cut, 0, cut, true}};
+  auto at = [&](const DevBuf& buf, int64_t row, int64_t heads) {
+    return static_cast<const void*>(static_cast<const char*>(buf.p) + row * heads * d * es);
+  };
+  for (const Piece& pc : pieces) {
+    CudnnSdpaPiece piece;
+    piece.batch = b;
+    piece.q_tokens = pc.q1 - pc.q0;
+    piece.kv_tokens = pc.k1 - pc.k0;
+    piece.q_heads = hq;
+    piece.kv_heads = hkv;
+    piece.head_dim = d;
+    piece.q_batch_stride = n * hq * d;
+    piece.kv_batch_stride = n * hkv * d;
+    piece.causal = pc.causal;
+    piece.scale = EffectiveScale(spec, d);
+    piece.dtype = dtype;
+    ASSERT_EQ(cudaMemsetAsync(piece_o.p, 0xFF, b * n * hq * d * es, stream), cudaSuccess);
+    const absl::Status st =
+        engine->ForwardPiece(piece, at(dq, pc.q0, hq), at(dk, pc.k0, hkv), at(dv, pc.k0, hkv),
+                             piece_o.p, static_cast<float*>(piece_lse.p), stream);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(LaunchLseMergeInto(dtype, piece_o.p, static_cast<const float*>(piece_lse.p),
+                                 static_cast<float*>(acc_o.p) + pc.q0 * hq * d,
+                                 static_cast<float*>(acc_lse.p) + pc.q0, b, piece.q_tokens, hq,
+                                 d, n * hq * d, hq * n, n, stream),
+              cudaSuccess);
+  }
+  ASSERT_EQ(LaunchConvert(DType::kF32, acc_o.p, dtype, out.p, b * n * hq * d, stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+  auto o = HostTensor::Create(dtype, {b, n, hq, d});
+  auto lse = HostTensor::Create(DType::kF32, {b, hq, n});
+  ASSERT_TRUE(o.ok() && lse.ok());
+  ASSERT_EQ(cudaMemcpy(o->data(), out.p, o->nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lse->data(), acc_lse.p, lse->nbytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const ErrorStats e = CompareToReference(*ref, *o, &*lse);
+  std::printf("         pieces merged: o_rel=%.3g lse_max_abs=%.3g\n", e.o_rel, e.lse_max_abs);
+  EXPECT_EQ(e.nonfinite, 0);
+  EXPECT_LE(e.o_rel, OTol(dtype));
+  EXPECT_LE(e.lse_max_abs, kLseTol);
+  EXPECT_EQ(e.checked, b * n * hq * d + b * hq * n);
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, CudnnSdpaPieceTest,
+                         ::testing::Values(std::make_pair(int64_t{128}, DType::kBF16),
+                                           std::make_pair(int64_t{64}, DType::kF16)),
+                         [](const auto& info) {
+                           return absl::StrCat("d", info.param.first, "_",
+                                               std::string(DTypeName(info.param.second)));
+                         });
 
 TEST(CudnnSdpaEngineTest, BadDeviceIsInvalidArgument) {
   if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";

@@ -293,9 +293,10 @@ const CudnnLibrary& Cudnn() {
 // ---- graphs --------------------------------------------------------------------------------
 
 // Everything a built graph depends on. window < 0: no window (dense or plain causal).
+// kv_tokens / *_batch_stride 0: the plain case (s_kv == s_q, contiguous [B, N, H, D] tensors).
 struct GraphKey {
   int64_t batch = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  // s_q
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
@@ -303,7 +304,12 @@ struct GraphKey {
   bool causal = false;
   int64_t window = -1;
   uint32_t scale_bits = 0;  // the f32 scale's bits (exact match)
+  int64_t kv_tokens = 0;        // s_kv; 0: tokens
+  int64_t q_batch_stride = 0;   // elements; 0: tokens * q_heads * head_dim
+  int64_t kv_batch_stride = 0;  // elements; 0: s_kv * kv_heads * head_dim
   auto operator<=>(const GraphKey&) const = default;
+
+  int64_t s_kv() const { return kv_tokens > 0 ? kv_tokens : tokens; }
 };
 
 GraphKey MakeKey(const AttentionSpec& spec, const AttentionShape& shape, DType dtype) {
@@ -324,6 +330,22 @@ GraphKey MakeKey(const AttentionSpec& spec, const AttentionShape& shape, DType d
   return k;
 }
 
+GraphKey MakePieceKey(const CudnnSdpaPiece& piece) {
+  GraphKey k;
+  k.batch = piece.batch;
+  k.tokens = piece.q_tokens;
+  k.kv_tokens = piece.kv_tokens;
+  k.q_heads = piece.q_heads;
+  k.kv_heads = piece.kv_heads;
+  k.head_dim = piece.head_dim;
+  k.dtype = piece.dtype;
+  k.causal = piece.causal;
+  k.q_batch_stride = piece.q_batch_stride;
+  k.kv_batch_stride = piece.kv_batch_stride;
+  std::memcpy(&k.scale_bits, &piece.scale, sizeof(piece.scale));
+  return k;
+}
+
 float KeyScale(const GraphKey& k) {
   float s;
   std::memcpy(&s, &k.scale_bits, sizeof(s));
@@ -332,14 +354,19 @@ float KeyScale(const GraphKey& k) {
 
 std::string KeyString(const GraphKey& k) {
   return absl::StrCat(
-      "[B=", k.batch, ", N=", k.tokens, ", Hq=", k.q_heads, ", Hkv=", k.kv_heads,
+      "[B=", k.batch, ", N=", k.tokens,
+      k.kv_tokens > 0 ? absl::StrCat(", N_kv=", k.kv_tokens) : std::string(),
+      ", Hq=", k.q_heads, ", Hkv=", k.kv_heads,
       ", D=", k.head_dim, "] ", std::string(DTypeName(k.dtype)), k.causal ? " causal" : "",
       k.window >= 0 ? absl::StrCat(" window=", k.window) : "", " scale=", KeyScale(k));
 }
 
-// [B, N, H, D] row-major seen as cuDNN's [B, H, N, D].
-std::vector<int64_t> BshdStrides(const GraphKey& k, int64_t heads) {
-  return {k.tokens * heads * k.head_dim, k.head_dim, heads * k.head_dim, 1};
+// [B, N, H, D] row-major (rows heads * D apart, batches `batch_stride` apart; 0: N * H * D) seen
+// as cuDNN's [B, H, N, D].
+std::vector<int64_t> BshdStrides(const GraphKey& k, int64_t tokens, int64_t heads,
+                                 int64_t batch_stride = 0) {
+  return {batch_stride > 0 ? batch_stride : tokens * heads * k.head_dim, k.head_dim,
+          heads * k.head_dim, 1};
 }
 
 struct BuiltGraph {
@@ -363,21 +390,22 @@ absl::StatusOr<BuiltGraph> BuildGraph(cudnnHandle_t handle, const GraphKey& k,
                          .set_name("Q")
                          .set_uid(kUidQ)
                          .set_dim({k.batch, k.q_heads, k.tokens, k.head_dim})
-                         .set_stride(BshdStrides(k, k.q_heads)));
+                         .set_stride(BshdStrides(k, k.tokens, k.q_heads, k.q_batch_stride)));
   auto kt = g->tensor(Tensor_attributes()
                           .set_name("K")
                           .set_uid(kUidK)
-                          .set_dim({k.batch, k.kv_heads, k.tokens, k.head_dim})
-                          .set_stride(BshdStrides(k, k.kv_heads)));
+                          .set_dim({k.batch, k.kv_heads, k.s_kv(), k.head_dim})
+                          .set_stride(BshdStrides(k, k.s_kv(), k.kv_heads, k.kv_batch_stride)));
   auto v = g->tensor(Tensor_attributes()
                          .set_name("V")
                          .set_uid(kUidV)
-                         .set_dim({k.batch, k.kv_heads, k.tokens, k.head_dim})
-                         .set_stride(BshdStrides(k, k.kv_heads)));
+                         .set_dim({k.batch, k.kv_heads, k.s_kv(), k.head_dim})
+                         .set_stride(BshdStrides(k, k.s_kv(), k.kv_heads, k.kv_batch_stride)));
 
   fe::graph::SDPA_attributes attr;
   attr.set_name("sdpa").set_generate_stats(true).set_attn_scale(KeyScale(k));
-  // Keep j <= i + right and j > i - left (top-left diagonal: global positions, s_q == s_kv).
+  // Keep j <= i + right and j > i - left (top-left diagonal: query row i and key row i share a
+  // global position; true for whole sequences and for a ring's diagonal pieces).
   if (k.causal || k.window >= 0) attr.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT);
   if (k.causal) attr.set_diagonal_band_right_bound(0);
   if (k.window >= 0) {
@@ -388,7 +416,7 @@ absl::StatusOr<BuiltGraph> BuildGraph(cudnnHandle_t handle, const GraphKey& k,
   o->set_output(true)
       .set_uid(kUidO)
       .set_dim({k.batch, k.q_heads, k.tokens, k.head_dim})
-      .set_stride(BshdStrides(k, k.q_heads));
+      .set_stride(BshdStrides(k, k.tokens, k.q_heads));
   // Stats [B, Hq, N, 1] packed == our LSE [B, Hq, N].
   stats->set_output(true)
       .set_uid(kUidStats)
@@ -519,6 +547,38 @@ struct CudnnSdpa::Impl {
           ", Hkv=", shape.kv_heads, ", D=", shape.head_dim, "] ", std::string(DTypeName(dtype)),
           " is not covered (dense/window, bf16/f16, D % 8 == 0 and <= 256, N >= 2)"));
     }
+    return Execute(MakeKey(spec, shape, dtype), q, k, v, o, lse, stream);
+  }
+
+  absl::Status ForwardPiece(const CudnnSdpaPiece& piece, const void* q, const void* k,
+                            const void* v, void* o, float* lse, cudaStream_t stream) {
+    const bool dtype_ok = piece.dtype == DType::kBF16 || piece.dtype == DType::kF16;
+    const bool dim_ok =
+        piece.head_dim % 8 == 0 && piece.head_dim >= 8 && piece.head_dim <= 256;
+    const bool heads_ok = piece.q_heads >= 1 && piece.kv_heads >= 1 &&
+                          piece.q_heads % piece.kv_heads == 0;
+    const bool tokens_ok = piece.batch >= 1 && piece.q_tokens >= 1 && piece.kv_tokens >= 1 &&
+                           piece.q_tokens <= kMaxTokens && piece.kv_tokens <= kMaxTokens &&
+                           piece.q_tokens * piece.kv_tokens >= 2;
+    const bool strides_ok =
+        piece.q_batch_stride >= piece.q_tokens * piece.q_heads * piece.head_dim &&
+        piece.kv_batch_stride >= piece.kv_tokens * piece.kv_heads * piece.head_dim &&
+        piece.q_batch_stride % 8 == 0 && piece.kv_batch_stride % 8 == 0;
+    if (!dtype_ok || !dim_ok || !heads_ok || !tokens_ok || !strides_ok ||
+        (piece.causal && piece.q_tokens > piece.kv_tokens) || !(piece.scale > 0.f)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cudnn_sdpa: piece [B=", piece.batch, ", N_q=", piece.q_tokens,
+          ", N_kv=", piece.kv_tokens, ", Hq=", piece.q_heads, ", Hkv=", piece.kv_heads,
+          ", D=", piece.head_dim, "] ", std::string(DTypeName(piece.dtype)),
+          piece.causal ? " causal" : "",
+          " is not covered (bf16/f16, D % 8 == 0 and <= 256, Hq % Hkv == 0, batch strides >= one"
+          " batch and multiples of 8, causal needs N_q <= N_kv, scale > 0)"));
+    }
+    return Execute(MakePieceKey(piece), q, k, v, o, lse, stream);
+  }
+
+  absl::Status Execute(const GraphKey& key, const void* q, const void* k, const void* v, void* o,
+                       float* lse, cudaStream_t stream) {
     const std::pair<const char*, const void*> ptrs[] = {
         {"q", q}, {"k", k}, {"v", v}, {"o", o}, {"lse", lse}};
     for (const auto& [name, p] : ptrs) {
@@ -527,7 +587,6 @@ struct CudnnSdpa::Impl {
             absl::StrCat("cudnn_sdpa: ", name, ": expected a 16-byte aligned device pointer"));
       }
     }
-    const GraphKey key = MakeKey(spec, shape, dtype);
     std::lock_guard<std::mutex> lock(mu);
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     ATTN_ASSIGN_OR_RETURN(Entry * e, Get(key));
@@ -628,6 +687,11 @@ absl::Status CudnnSdpa::Forward(const AttentionSpec& spec, const AttentionShape&
                                 const void* q, const void* k, const void* v, void* o, float* lse,
                                 cudaStream_t stream) {
   return impl_->Forward(spec, shape, dtype, q, k, v, o, lse, stream);
+}
+
+absl::Status CudnnSdpa::ForwardPiece(const CudnnSdpaPiece& piece, const void* q, const void* k,
+                                     const void* v, void* o, float* lse, cudaStream_t stream) {
+  return impl_->ForwardPiece(piece, q, k, v, o, lse, stream);
 }
 
 absl::StatusOr<int64_t> CudnnSdpa::WorkspaceBytes(const AttentionSpec& spec,

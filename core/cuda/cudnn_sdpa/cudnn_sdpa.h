@@ -51,6 +51,27 @@ namespace attnserve {
 absl::StatusOr<bool> CudnnSdpaSupports(const AttentionSpec& spec, const AttentionShape& shape,
                                        DType dtype);
 
+// One rectangular piece of a larger attention, as a ring step computes it: q_tokens query rows
+// against kv_tokens key rows, either unmasked or causal with the diagonal at the top-left (query
+// row i sees key rows j <= i: both ranges start at the same global position, as in a ring's
+// diagonal pieces). Rows of q/k/v are heads * head_dim elements apart and batches
+// q_batch_stride / kv_batch_stride elements apart, so a piece can start at any row of a larger
+// [B, N, H, D] shard; O [B, q_tokens, Hq, D] and LSE [B, Hq, q_tokens] are written contiguous.
+// Callers merge (O, LSE) into their accumulators with LaunchLseMergeInto (core/cuda/attention_ops.h).
+struct CudnnSdpaPiece {
+  int64_t batch = 1;
+  int64_t q_tokens = 0;
+  int64_t kv_tokens = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t q_batch_stride = 0;   // elements, >= q_tokens * q_heads * head_dim
+  int64_t kv_batch_stride = 0;  // elements, >= kv_tokens * kv_heads * head_dim (k and v alike)
+  bool causal = false;
+  float scale = 0.f;
+  DType dtype = DType::kBF16;
+};
+
 // Where cuDNN's workspace comes from. Both empty: cudaMallocAsync / cudaFreeAsync on the stream of
 // the call. `free` is called right after the launch is enqueued, so the allocator must be
 // stream-ordered for that stream (core/cuda's CachingAllocator used on a device's one stream is;
@@ -110,6 +131,12 @@ class CudnnSdpa {
   absl::Status Forward(const AttentionSpec& spec, const AttentionShape& shape, DType dtype,
                        const void* q, const void* k, const void* v, void* o, float* lse,
                        cudaStream_t stream);
+
+  // A rectangular piece (see CudnnSdpaPiece); graphs are cached like Forward's. UNIMPLEMENTED for
+  // a piece outside what this engine covers (the message says which rule), so callers fall back
+  // to their own kernels.
+  absl::Status ForwardPiece(const CudnnSdpaPiece& piece, const void* q, const void* k,
+                            const void* v, void* o, float* lse, cudaStream_t stream);
 
   // Workspace bytes Forward() will ask the allocator for (builds the graph if needed).
   absl::StatusOr<int64_t> WorkspaceBytes(const AttentionSpec& spec, const AttentionShape& shape,
