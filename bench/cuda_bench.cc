@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -24,6 +25,7 @@
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "core/spec/pattern_compiler.h"
@@ -282,6 +284,7 @@ struct Result {
   Case c;
   std::string variant = "own";       // "own": our kernels; "attnserve": what the service runs
   std::string engine = "flash_fwd";  // the kernels timed: "flash_fwd" or "cudnn"
+  std::string kernel;                // flash_fwd kernel that ran: "sm80" / "sm90" ("none": none)
   std::string note;                  // why an attnserve row is not on cuDNN
   std::string error;
   double compile_ms = 0;
@@ -724,7 +727,9 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
                         : 0;
     std::string row = absl::StrCat(
         "{\"name\": \"", c.name, "\", \"group\": \"", c.group, "\", \"variant\": \"", r.variant,
-        "\", \"engine\": \"", r.engine, "\", \"note\": \"", JsonEscape(r.note), "\", \"spec\": \"",
+        "\", \"engine\": \"", r.engine, "\", \"flash_kernel\": \"",
+        r.engine == "cudnn" ? std::string("none") : r.kernel, "\", \"note\": \"",
+        JsonEscape(r.note), "\", \"spec\": \"",
         JsonEscape(DescribeSpec(c.spec)), "\", \"dtype\": \"", std::string(DTypeName(c.dtype)),
         "\", \"batch\": ", c.shape.batch, ", \"tokens\": ", c.shape.tokens,
         ", \"q_heads\": ", c.shape.q_heads, ", \"kv_heads\": ", c.shape.kv_heads,
@@ -746,7 +751,9 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
         &md,
         "| %s | %s | %s | %s | %d x %d x %d/%d x %d | %.3f | %.1f | %.3g | %.4f | %.2f | %.1f | "
         "%.2e | %s |\n",
-        c.name, r.variant, r.engine, DescribeSpec(c.spec), c.shape.batch, c.shape.tokens,
+        c.name, r.variant,
+        r.engine == "cudnn" || r.kernel.empty() ? r.engine : absl::StrCat(r.engine, "/", r.kernel),
+        DescribeSpec(c.spec), c.shape.batch, c.shape.tokens,
         c.shape.q_heads, c.shape.kv_heads, c.shape.head_dim, r.ms_median, tflops, tokens_per_s,
         r.sparsity, static_cast<double>(r.peak_bytes) / (1ull << 30), r.compile_ms, r.check.o_rel,
         r.error.empty() ? (r.check.ok ? "yes" : "CHECK FAILED") : ("ERROR: " + r.error));
@@ -757,7 +764,9 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
     Result r;
     r.c = c;
     std::fprintf(stderr, "[attnbench_cuda] %s ...\n", c.name.c_str());
+    SetLastFlashKernelName("none");
     const absl::Status st = RunCase(c, opt, alloc, stream, r);
+    r.kernel = LastFlashKernelName();  // the timed launches' kernel (before the check's runs)
     if (!st.ok()) {
       r.error = st.ToString();
       cudaGetLastError();  // clear a non-sticky error so later cases can run
@@ -784,7 +793,12 @@ absl::StatusOr<CudaBenchReport> RunCudaBench(const CudaBenchOptions& opt) {
   cudaStreamDestroy(stream);
   report.json = absl::StrCat("{\"device\": \"", JsonEscape(device), "\", \"date\": \"", NowUtc(),
                              "\", \"commit\": \"", commit ? JsonEscape(commit) : "unknown",
-                             "\", \"command\": \"", JsonEscape(opt.command), "\", \"cudnn\": \"",
+                             "\", \"command\": \"", JsonEscape(opt.command),
+                             "\", \"flash_kernel_env\": \"",
+                             JsonEscape(std::getenv("ATTNSERVE_FLASH_KERNEL") != nullptr
+                                            ? std::getenv("ATTNSERVE_FLASH_KERNEL")
+                                            : "auto"),
+                             "\", \"cudnn\": \"",
                              JsonEscape(served.Describe()),
                              "\", \"flops_formula\": \"4 * B * Hq * D * admitted pairs\", "
                              "\"results\": [\n  ",

@@ -2,6 +2,8 @@
 // markdown table.
 //   attnbench_cuda [--cases=all|dense,sparse,...] [--warmup=3] [--iters=10] [--device=0]
 //                  [--json=PATH] [--md=PATH] [--csr_dir=DIR] [--list]
+//                  [--kernel=auto|sm80|sm90]  (sets ATTNSERVE_FLASH_KERNEL: which flash_fwd kernel
+//                                              runs; rows report it as engine flash_fwd/sm80|sm90)
 // Exit code: 0 when every case's correctness check passed, 1 otherwise, 2 on setup errors.
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +38,13 @@ int main(int argc, char** argv) {
       json_path = v;
     } else if (const char* v = val("--md")) {
       md_path = v;
+    } else if (const char* v = val("--kernel")) {
+      const std::string k = v;
+      if (k != "auto" && k != "sm80" && k != "sm90") {
+        std::fprintf(stderr, "attnbench_cuda: --kernel must be auto, sm80 or sm90\n");
+        return 2;
+      }
+      setenv("ATTNSERVE_FLASH_KERNEL", v, 1);
     } else if (const char* v = val("--csr_dir")) {
       opt.csr_dir = v;
     } else if (a == "--list") {

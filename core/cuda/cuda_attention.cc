@@ -13,6 +13,7 @@
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/flash_fwd/flash_fwd_launch.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -113,8 +114,12 @@ absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
       return absl::InvalidArgumentError("flash_fwd: q/k/v must be 16-byte aligned");
     }
   }
+  // Kernel choice (ATTNSERVE_FLASH_KERNEL=auto|sm80|sm90; see flash_fwd_sm90/flash_fwd_sm90.h).
+  ATTN_ASSIGN_OR_RETURN(const char* kernel, FlashKernelFor(p));
   cudaError_t err = cudaSuccess;
-  if (p.dtype == DType::kBF16) {
+  if (kernel == kFlashKernelSm90) {
+    err = RunFlashFwdSm90(p, stream);
+  } else if (p.dtype == DType::kBF16) {
     err = p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, stream)
                            : DispatchBlock<128, __nv_bfloat16>(p, stream);
   } else {
@@ -122,6 +127,7 @@ absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
                            : DispatchBlock<128, __half>(p, stream);
   }
   CUDA_RETURN_IF_ERROR(err);
+  SetLastFlashKernelName(kernel);
   return absl::OkStatus();
 }
 

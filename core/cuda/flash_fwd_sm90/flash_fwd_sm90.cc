@@ -1,0 +1,112 @@
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
+
+namespace attnserve {
+namespace {
+
+std::atomic<const char*> g_last_kernel{"none"};
+
+// Per device: 0 unknown, 1 compute capability 9.x, 2 other.
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int>, kMaxDevices> g_is_sm90{};
+
+template <int kHeadDim, typename Elem>
+cudaError_t DispatchBlock(const FlashFwdParams& p, cudaStream_t stream) {
+  return p.block_size == 64 ? RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream)
+                            : RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
+}
+
+}  // namespace
+
+bool FlashFwdSm90Built() {
+#if defined(ATTNSERVE_FLASH_SM90_BUILT) && ATTNSERVE_FLASH_SM90_BUILT
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool FlashFwdSm90Supports(const FlashFwdParams& p, std::string* why) {
+  auto no = [&](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return false;
+  };
+  if (!FlashFwdSm90Built()) {
+    return no("this build has no sm_90a code (CMAKE_CUDA_ARCHITECTURES lacks 90a)");
+  }
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return no(absl::StrCat("head_dim ", p.head_dim, " (sm90 kernel: 64, 128)"));
+  }
+  if (p.block_size != 64 && p.block_size != 128) {
+    return no(absl::StrCat("block_size ", p.block_size, " (sm90 kernel: 64, 128)"));
+  }
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) {
+    return no("dtype (sm90 kernel: bf16, f16)");
+  }
+  return true;
+}
+
+bool CurrentDeviceIsSm90() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < kMaxDevices) {
+    const int cached = g_is_sm90[dev].load(std::memory_order_relaxed);
+    if (cached != 0) return cached == 1;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    return false;
+  }
+  const bool is90 = major == 9;
+  if (dev >= 0 && dev < kMaxDevices) g_is_sm90[dev].store(is90 ? 1 : 2, std::memory_order_relaxed);
+  return is90;
+}
+
+absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& p) {
+  const char* env = std::getenv("ATTNSERVE_FLASH_KERNEL");
+  const std::string_view pref = env != nullptr ? std::string_view(env) : std::string_view("auto");
+  if (pref == "sm80") return kFlashKernelSm80;
+  if (pref != "auto" && !pref.empty() && pref != "sm90") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ATTNSERVE_FLASH_KERNEL: expected auto, sm80 or sm90, got '", std::string(pref), "'"));
+  }
+  std::string why;
+  bool ok = FlashFwdSm90Supports(p, &why);
+  if (ok && !CurrentDeviceIsSm90()) {
+    ok = false;
+    why = "the current device is not compute capability 9.x";
+  }
+  if (ok) return kFlashKernelSm90;
+  if (pref == "sm90") {
+    return absl::UnimplementedError(
+        absl::StrCat("ATTNSERVE_FLASH_KERNEL=sm90: the sm90 kernel cannot run: ", why));
+  }
+  return kFlashKernelSm80;
+}
+
+const char* LastFlashKernelName() { return g_last_kernel.load(std::memory_order_relaxed); }
+void SetLastFlashKernelName(const char* name) {
+  g_last_kernel.store(name, std::memory_order_relaxed);
+}
+
+cudaError_t RunFlashFwdSm90(const FlashFwdParams& p, cudaStream_t stream) {
+  if (p.dtype == DType::kBF16) {
+    return p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, stream)
+                            : DispatchBlock<128, __nv_bfloat16>(p, stream);
+  }
+  return p.head_dim == 64 ? DispatchBlock<64, __half>(p, stream)
+                          : DispatchBlock<128, __half>(p, stream);
+}
+
+}  // namespace attnserve

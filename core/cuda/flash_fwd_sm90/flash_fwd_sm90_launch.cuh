@@ -1,0 +1,41 @@
+// flash_fwd_sm90 launch: grid, shared memory and stream for one (head dim, block, dtype).
+// Included by the per-dtype .cu files, which instantiate RunFlashFwdSm90Impl.
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
+
+#include <cuda_runtime.h>
+
+#include "core/cuda/flash_fwd/flash_fwd_params.h"
+
+namespace attnserve {
+
+template <int kHeadDim, int kBlock, typename Elem>
+cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream);
+
+}  // namespace attnserve
+
+#ifdef __CUDACC__
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
+
+namespace attnserve {
+
+template <int kHeadDim, int kBlock, typename Elem>
+cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream) {
+  using Traits = flash_sm90::Sm90Traits<kHeadDim, kBlock, Elem>;
+  auto kernel = &flash_sm90::FlashFwdSm90Kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(params.num_q_blocks),
+                  static_cast<unsigned>(params.num_heads),
+                  static_cast<unsigned>(params.batch * params.num_segs));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace attnserve
+#endif  // __CUDACC__
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
