@@ -61,10 +61,17 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t size = RoundSize(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  const int64_t limit = limit_.load();
+  auto over_limit = [&](size_t block) -> absl::Status {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda:", device_, ": allocating ", block, " bytes would exceed the allocator limit of ",
+        limit, " bytes (in use ", in_use_.load(), ")"));
+  };
   // Best fit among cached blocks of this class or larger, but no more than 2x (keeps big cached
   // blocks for big requests).
   auto it = free_blocks_.lower_bound(size);
-  if (it != free_blocks_.end() && it->first <= 2 * size) {
+  if (it != free_blocks_.end() && it->first <= 2 * size &&
+      (limit <= 0 || in_use_.load() + static_cast<int64_t>(it->first) <= limit)) {
     void* p = it->second;
     const size_t block = it->first;
     free_blocks_.erase(it);
@@ -74,6 +81,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
     cache_hits_.fetch_add(1, std::memory_order_relaxed);
     return p;
   }
+  if (limit > 0 && in_use_.load() + static_cast<int64_t>(size) > limit) return over_limit(size);
   DeviceGuard guard(device_);
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, size);

@@ -48,6 +48,10 @@ class CachingAllocator {
   // Returns every cached (free) block to CUDA.
   void EmptyCache();
   void ResetPeak();
+  // Hard cap on in-use bytes (rounded sizes; 0 = none): an Allocate that would take in_use above
+  // it answers RESOURCE_EXHAUSTED without calling CUDA. Emulates a smaller device (benchmarks).
+  void set_limit(int64_t bytes) { limit_.store(bytes); }
+  int64_t limit() const { return limit_.load(); }
   // Thread-safe.
   AllocatorStats Stats() const;
   int device() const { return device_; }
@@ -66,6 +70,7 @@ class CachingAllocator {
   std::atomic<int64_t> peak_{0};
   std::atomic<int64_t> num_mallocs_{0};
   std::atomic<int64_t> cache_hits_{0};
+  std::atomic<int64_t> limit_{0};
 };
 
 // A device buffer owned by a CachingAllocator; freed back to it on destruction. Move-only.

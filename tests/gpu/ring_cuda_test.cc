@@ -11,7 +11,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,7 @@
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_device.h"
+#include "core/dist/nccl_communicator.h"
 #include "core/dist/ring_cuda_plan.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
@@ -142,9 +145,9 @@ void RunSingleGpu(const Case& c, const HostTensor& q, const HostTensor& k, const
 // Every piece of a `ranks`-rank ring plan, launched on device 0 against the full tensors (rows
 // addressed by global position), all accumulating into one f32 O / LSE.
 void RunPiecesOnOneGpu(const Case& c, int ranks, const HostTensor& q, const HostTensor& k,
-                       const HostTensor& v, Outputs& out) {
+                       const HostTensor& v, Outputs& out, const RingCudaPlanOptions& po = {}) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  auto plan = PlanRingCuda(c.spec, c.shape.tokens, ranks);
+  auto plan = PlanRingCuda(c.spec, c.shape.tokens, ranks, po);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const AttentionShape& s = c.shape;
   const int64_t nq = s.batch * s.tokens * s.q_heads * s.head_dim;
@@ -277,13 +280,18 @@ TEST_P(RingCudaTest, MatchesReferenceAndSingleGpu) {
   if (HasFatalFailure()) return;
   ExpectMatchesReference(*ref, *single, "single GPU vs reference");
   for (int ranks : {2, 3}) {
-    SCOPED_TRACE(absl::StrCat("emulated ranks=", ranks));
-    auto out = MakeOutputs(c.shape);
-    ASSERT_TRUE(out.ok());
-    RunPiecesOnOneGpu(c, ranks, in.q, in.k, in.v, *out);
-    if (HasFatalFailure()) return;
-    ExpectMatchesReference(*ref, *out, "pieces vs reference");
-    ExpectClose(*out, *single, "pieces vs single GPU");
+    // (1, 1) and the lean schedule's smaller pieces (same pairs, cut finer).
+    for (int chunks : {1, 4}) {
+      SCOPED_TRACE(absl::StrCat("emulated ranks=", ranks, " qc=c=", chunks));
+      RingCudaPlanOptions po;
+      po.q_chunks = po.kv_pieces = chunks;
+      auto out = MakeOutputs(c.shape);
+      ASSERT_TRUE(out.ok());
+      RunPiecesOnOneGpu(c, ranks, in.q, in.k, in.v, *out, po);
+      if (HasFatalFailure()) return;
+      ExpectMatchesReference(*ref, *out, "pieces vs reference");
+      ExpectClose(*out, *single, "pieces vs single GPU");
+    }
   }
 
   if (GpuCount() < 2) {
@@ -358,6 +366,248 @@ TEST(RingCudaHostApiTest, DilatedRunsShardLocal) {
     Outputs out{std::move(ring->o), std::move(ring->lse)};
     ExpectMatchesReference(*ref, out, causal ? "dilated causal" : "dilated");
   }
+}
+
+// ---- Lean schedule (q_chunks / kv_pieces > 1) and the per-rank RingCudaRun API ------------------
+
+// The lean ring over {0, 1} with forced (qc, c) against the reference; NCCL bytes: every tick sends
+// one piece, so each rank sends the ring's whole K/V qc times.
+TEST(RingCudaLeanTest, ForcedChunksMatchReference) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const AttentionShape shape{2, 1000, 4, 2, 128};
+  auto in = MakeRandomInputs(shape, DType::kBF16, seed);
+  struct Named {
+    const char* name;
+    AttentionSpec spec;
+  };
+  const std::vector<Named> specs = {
+      {"dense", Dense(false)},
+      {"dense_causal", Dense(true)},
+      {"window100_causal", Window(100, true)},
+      {"sparse_local64", Sparse(64, LocalWindowGen{2}, false)},
+      {"sparse_local64_causal", Sparse(64, LocalWindowGen{2}, true)},
+  };
+  for (const Named& n : specs) {
+    auto ref = ReferenceAttention(n.spec, in.q, in.k, in.v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    for (int chunks : {2, 4}) {
+      SCOPED_TRACE(absl::StrCat(n.name, " qc=c=", chunks));
+      RingCudaOptions options;
+      options.plan.q_chunks = options.plan.kv_pieces = chunks;
+      std::vector<RingCudaRankStats> stats;
+      auto ring = RingAttentionCuda(n.spec, in.q, in.k, in.v, {0, 1}, options, &stats);
+      ASSERT_TRUE(ring.ok()) << ring.status();
+      Outputs out{std::move(ring->o), std::move(ring->lse)};
+      ExpectMatchesReference(*ref, out, "lean ring vs reference");
+      ASSERT_EQ(stats.size(), 2u);
+      RingCudaPlanOptions po;
+      po.q_chunks = po.kv_pieces = chunks;
+      auto plan = PlanRingCuda(n.spec, shape.tokens, 2, po);
+      ASSERT_TRUE(plan.ok());
+      const int64_t row_bytes = 2 * shape.batch * shape.kv_heads * shape.head_dim * 2;
+      for (int p = 0; p < 2; ++p) {
+        EXPECT_EQ(stats[p].q_chunks, chunks);
+        EXPECT_EQ(stats[p].kv_pieces, chunks);
+        EXPECT_EQ(stats[p].steps, chunks * 2 * chunks);
+        EXPECT_EQ(stats[p].bytes_sent, chunks * shape.tokens * row_bytes) << "rank " << p;
+        EXPECT_EQ(stats[p].bytes_received, chunks * shape.tokens * row_bytes) << "rank " << p;
+      }
+    }
+  }
+}
+
+// Rank p of a 2-rank ring on a thread of its own with a communicator, allocator and stream that
+// the test owns (as the service's per-device workers do), reused over several runs.
+struct Worker {
+  int device = 0;
+  std::unique_ptr<NcclCommunicator> comm;
+  std::unique_ptr<CachingAllocator> alloc;
+  cudaStream_t stream = nullptr;
+};
+
+TEST(RingCudaRunTest, PerRankApiOnOwnThreads) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const AttentionShape shape{1, 1536, 4, 4, 128};
+  auto in = MakeRandomInputs(shape, DType::kBF16, seed);
+  const AttentionSpec spec = Dense(true);
+  auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ForceNcclNvlsOff();
+  auto group = NcclGroup::Create(2);
+  ASSERT_TRUE(group.ok()) << group.status();
+  std::vector<Worker> workers(2);
+  std::vector<absl::Status> status(2);
+  auto on_workers = [&](const std::function<absl::Status(int, Worker&)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = fn(r, workers[r]);
+        if (!status[r].ok()) (*group)->Abort(status[r]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  on_workers([&](int r, Worker& w) -> absl::Status {
+    w.device = r;
+    if (cudaSetDevice(r) != cudaSuccess) return absl::InternalError("cudaSetDevice");
+    NcclCommunicator::Options o;
+    o.group = *group;
+    o.rank = r;
+    o.cuda_device = r;
+    ATTN_ASSIGN_OR_RETURN(w.comm, NcclCommunicator::Create(o));
+    w.alloc = std::make_unique<CachingAllocator>(r);
+    if (cudaStreamCreateWithFlags(&w.stream, cudaStreamNonBlocking) != cudaSuccess) {
+      return absl::InternalError("stream");
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0] << " " << status[1];
+  // (1, 1) with every resource borrowed; a budget below (1, 1) (the plan picks a lean schedule);
+  // and a private allocator and stream.
+  auto p11 = PlanRingCuda(spec, shape, DType::kBF16, 2);
+  ASSERT_TRUE(p11.ok());
+  const int64_t need11 = std::max(EstimateRingRankBytes(*p11, 0, shape, DType::kBF16),
+                                  EstimateRingRankBytes(*p11, 1, shape, DType::kBF16));
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE(absl::StrCat("mode ", mode));
+    RingCudaOptions options;
+    if (mode == 1) options.plan.device_memory_budget = need11 - 1;
+    auto run = RingCudaRun::Create(spec, in.q, in.k, in.v, {0, 1}, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ((*run)->ranks(), 2);
+    std::vector<int64_t> estimate(2);
+    for (int r = 0; r < 2; ++r) {
+      estimate[r] = (*run)->EstimateRankBytes(r);
+      EXPECT_GT(estimate[r], 0);
+      if (mode == 1) {
+        EXPECT_LT(estimate[r], need11);
+      }
+    }
+    on_workers([&](int r, Worker& w) -> absl::Status {
+      if (mode == 2) return (*run)->RunRank(r, *w.comm);
+      w.alloc->EmptyCache();
+      w.alloc->ResetPeak();
+      return (*run)->RunRank(r, *w.comm, w.alloc.get(), w.stream);
+    });
+    ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0] << " " << status[1];
+    const std::vector<RingCudaRankStats> stats = (*run)->stats();
+    ASSERT_EQ(stats.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(stats[r].device, r);
+      EXPECT_EQ(stats[r].estimated_device_bytes, estimate[r]);
+      if (mode == 0) {
+        EXPECT_EQ(stats[r].q_chunks * stats[r].kv_pieces, 1);
+      }
+      if (mode == 1) {
+        EXPECT_GT(stats[r].q_chunks * stats[r].kv_pieces, 1);
+      }
+      if (mode != 2) {
+        // A fresh borrowed allocator holds exactly the rank's buffers at peak.
+        EXPECT_EQ(stats[r].peak_device_bytes, estimate[r]) << "rank " << r;
+      }
+    }
+    auto outs = (*run)->TakeOutputs();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    Outputs out{std::move(outs->o), std::move(outs->lse)};
+    ExpectMatchesReference(*ref, out, "RingCudaRun vs reference");
+    EXPECT_FALSE((*run)->TakeOutputs().ok());
+  }
+  on_workers([&](int r, Worker& w) -> absl::Status {
+    cudaSetDevice(w.device);
+    cudaStreamSynchronize(w.stream);
+    w.comm.reset();
+    w.alloc.reset();
+    cudaStreamDestroy(w.stream);
+    return absl::OkStatus();
+  });
+}
+
+// A lean RingCudaRank run twice without reloading K/V: Run restores the home pieces, so both runs
+// give the same bits.
+TEST(RingCudaRunTest, LeanRankRepeatsWithoutReload) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const AttentionShape shape{1, 1100, 2, 2, 64};
+  auto in = MakeRandomInputs(shape, DType::kBF16, seed);
+  const AttentionSpec spec = Dense(true);
+  RingCudaPlanOptions po;
+  po.q_chunks = 2;
+  po.kv_pieces = 4;
+  auto plan = PlanRingCuda(spec, shape.tokens, 2, po);
+  ASSERT_TRUE(plan.ok());
+  ForceNcclNvlsOff();
+  auto group = NcclGroup::Create(2);
+  ASSERT_TRUE(group.ok());
+  std::vector<absl::Status> status(2);
+  std::vector<std::vector<uint16_t>> first(2), second(2);
+  const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
+  auto rank_fn = [&](int r) -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(auto rank, RingCudaRank::Create(*plan, shape, DType::kBF16,
+                                                          EffectiveScale(spec, d), r, r, *group,
+                                                          {}));
+    const int64_t nl = rank->shard_tokens();
+    std::vector<uint16_t> qs, ks, vs;
+    auto gather = [&](const HostTensor& t, int64_t heads, std::vector<uint16_t>& dst) {
+      const uint16_t* src = static_cast<const uint16_t*>(static_cast<const void*>(t.data()));
+      for (const TokenRange& rg : rank->ranges()) {
+        dst.insert(dst.end(), src + rg.begin * heads * d, src + rg.end * heads * d);
+      }
+    };
+    gather(in.q, hq, qs);
+    gather(in.k, hkv, ks);
+    gather(in.v, hkv, vs);
+    if (cudaMemcpy(rank->q(), qs.data(), qs.size() * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+      return absl::InternalError("q upload");
+    }
+    ATTN_RETURN_IF_ERROR(rank->SetKv(ks.data(), vs.data()));
+    EXPECT_TRUE(rank->lean());
+    EXPECT_EQ(rank->k(), nullptr);
+    for (auto* out : {&first[r], &second[r]}) {
+      ATTN_RETURN_IF_ERROR(rank->Run());
+      if (cudaStreamSynchronize(rank->stream()) != cudaSuccess) return absl::InternalError("sync");
+      out->resize(nl * hq * d);
+      if (cudaMemcpy(out->data(), rank->o(), out->size() * 2, cudaMemcpyDeviceToHost) !=
+          cudaSuccess) {
+        return absl::InternalError("o download");
+      }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = rank_fn(r);
+      if (!status[r].ok()) (*group)->Abort(status[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0] << " " << status[1];
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(first[r], second[r]) << "rank " << r;
+}
+
+// The allocator's hard limit (what the longest-causal bench and the budgeted plans rely on).
+TEST(CachingAllocatorLimitTest, RefusesPastTheLimit) {
+  if (GpuCount() < 1) GTEST_SKIP() << "no CUDA device available";
+  CachingAllocator a(0);
+  a.set_limit(1 << 20);
+  auto p1 = a.Allocate(512 << 10);
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  auto p2 = a.Allocate(768 << 10);
+  EXPECT_EQ(p2.status().code(), absl::StatusCode::kResourceExhausted) << p2.status();
+  a.Free(*p1);
+  auto p3 = a.Allocate(768 << 10);  // fits once the first is back (a cached block may serve it)
+  ASSERT_TRUE(p3.ok()) << p3.status();
+  EXPECT_LE(a.Stats().peak_bytes, 1 << 20);
+  a.Free(*p3);
+  a.set_limit(0);
+  auto p4 = a.Allocate(4 << 20);
+  ASSERT_TRUE(p4.ok()) << p4.status();
+  a.Free(*p4);
 }
 
 }  // namespace
