@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One 2-GPU lease (nvidia-h200-x2), after `source .gpu-bundle/env.sh`: correctness of everything new
+# first, then the figures the open issues ask for. Usage: OUT=<dir> bash bench/lease_run.sh [parts]
+# parts (default "kernel sparse ring longest service scaling"):
+#   kernel   flash_sm90_test (the wgmma kernel forced, vs the float64 reference); cudnn_sdpa_test's
+#            piece tests; cuda_attention_test through the default dispatch. When flash_sm90_test
+#            fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
+#   sparse   bench/sm90_check.sh's bench half (sm80 vs sm90) and attnbench_cuda + compare_torch.py
+#            (PyTorch SDPA flash/cuDNN and FlexAttention on the same CSR) for dense N=16384 and
+#            block-sparse N=65536
+#   ring     ring_cuda_test (lean schedule, RingCudaRun, cuDNN pieces), dilated_ring_cuda_test
+#   longest  bench/longest_ring.sh (longest dense causal, 1 GPU vs ring, 4 GiB per GPU)
+#   service  bench/service_ring_check.sh (attnserve on both GPUs, ring requests, /metrics)
+#   scaling  attnbench_ring --engine=both at N=262144 and compare_torch_ring.py (PyTorch ring)
+# Every command is bounded by `timeout`; each part writes $OUT/<part>.tgz as soon as it ends, so a
+# lease cut short still returns what finished, and $OUT/summary.md collects the verdicts.
+set -u
+OUT=${OUT:?OUT must be set}
+PARTS=${1:-kernel sparse ring longest service scaling}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+BIN=${ATTN_BIN_DIR:-.gpu-bundle/bin}
+export ATTN_BIN_DIR=$BIN
+PY=${PYTHON:-python3}
+R=/tmp/attn_lease
+rm -rf "$R"; mkdir -p "$R"
+T0=$(date +%s)
+SUMMARY="$OUT/summary.md"
+say() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$SUMMARY"; }
+pack() { tar czf "$OUT/$1.tgz" -C "$R" "$1" 2>/dev/null; }
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+echo "# lease run $(date -u +%FT%TZ), commit $(cat .gpu-bundle/COMMIT 2>/dev/null || echo ?)" > "$SUMMARY"
+timeout 10 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >> "$SUMMARY" 2>&1
+
+if has kernel; then
+  D="$R/kernel"; mkdir -p "$D"
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 150 "$BIN/flash_sm90_test" --gtest_color=no \
+    --gtest_output="json:$D/flash_sm90_test.json" > "$D/flash_sm90_test.log" 2>&1
+  rc=$?
+  say "flash_sm90_test rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/flash_sm90_test.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$D/flash_sm90_test.log" | head -20 >> "$SUMMARY"
+  if [ $rc -ne 0 ]; then
+    export ATTNSERVE_FLASH_KERNEL=sm80
+    say "flash_sm90_test failed: ATTNSERVE_FLASH_KERNEL=sm80 for everything below"
+  fi
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 60 "$BIN/cudnn_sdpa_test" --gtest_color=no \
+    --gtest_filter='*Piece*:CudnnSdpaTest*' > "$D/cudnn_sdpa_test.log" 2>&1
+  say "cudnn_sdpa_test rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/cudnn_sdpa_test.log" | tr '\n' ' ')"
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 90 "$BIN/cuda_attention_test" --gtest_color=no \
+    > "$D/cuda_attention_test.log" 2>&1
+  say "cuda_attention_test (kernel ${ATTNSERVE_FLASH_KERNEL:-auto}) rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/cuda_attention_test.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$D/cuda_attention_test.log" | head -10 >> "$SUMMARY"
+  pack kernel
+fi
+
+if has sparse; then
+  D="$R/sparse"; mkdir -p "$D" /tmp/attn_csr
+  CASES=dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99
+  for K in sm80 sm90; do
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 50 "$BIN/attnbench_cuda" --kernel="$K" --cases="$CASES" \
+      --warmup=3 --iters=10 --csr_dir=/tmp/attn_csr --json="$D/bench_$K.json" --md="$D/bench_$K.md" \
+      >> "$D/bench.log" 2>&1
+    say "attnbench_cuda --kernel=$K rc=$?"
+  done
+  for K in sm90 sm80; do
+    if [ -f "$D/bench_$K.json" ]; then
+      CUDA_VISIBLE_DEVICES=0 timeout -k 5 100 "$PY" bench/compare_torch.py --ours="$D/bench_$K.json" \
+        --csr_dir=/tmp/attn_csr --json="$D/compare_$K.json" --md="$D/compare_$K.md" \
+        --cbm_timeout=30 >> "$D/bench.log" 2>&1
+      say "compare_torch.py on the $K run rc=$?"
+      cat "$D/compare_$K.md" >> "$SUMMARY" 2>/dev/null
+      break
+    fi
+  done
+  cat "$D/bench_sm80.md" "$D/bench_sm90.md" >> "$SUMMARY" 2>/dev/null
+  pack sparse
+fi
+
+if has ring; then
+  D="$R/ring"; mkdir -p "$D"
+  timeout -k 5 200 "$BIN/ring_cuda_test" --gtest_color=no > "$D/ring_cuda_test.log" 2>&1
+  say "ring_cuda_test rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/ring_cuda_test.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$D/ring_cuda_test.log" | head -10 >> "$SUMMARY"
+  if [ -x "$BIN/dilated_ring_cuda_test" ]; then
+    timeout -k 5 90 "$BIN/dilated_ring_cuda_test" --gtest_color=no > "$D/dilated_ring_cuda_test.log" 2>&1
+    say "dilated_ring_cuda_test rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/dilated_ring_cuda_test.log" | tr '\n' ' ')"
+  fi
+  pack ring
+fi
+
+if has longest; then
+  D="$R/longest"; mkdir -p "$D"
+  timeout -k 5 180 bash bench/longest_ring.sh "$D" > "$D/stdout.log" 2>&1
+  say "longest_ring.sh rc=$?"
+  tail -8 "$D/longest_ring.log" >> "$SUMMARY" 2>/dev/null
+  pack longest
+fi
+
+if has service; then
+  D="$R/service"; mkdir -p "$D"
+  timeout -k 5 150 bash bench/service_ring_check.sh "$D" > "$D/stdout.log" 2>&1
+  say "service_ring_check.sh rc=$?"
+  tail -25 "$D/stdout.log" >> "$SUMMARY"
+  pack service
+fi
+
+if has scaling; then
+  D="$R/scaling"; mkdir -p "$D"
+  timeout -k 5 150 "$BIN/attnbench_ring" --engine=both --ns=262144 --longest= --reps=3 --warmup=1 \
+    --budget_s=130 --json="$D/ring_bench.json" > "$D/ring_bench.log" 2>&1
+  say "attnbench_ring --engine=both rc=$?"
+  grep -E "^\[|^\|" "$D/ring_bench.log" | tail -12 >> "$SUMMARY"
+  timeout -k 5 90 torchrun --standalone --nproc_per_node=2 bench/compare_torch_ring.py --ns=262144 --reps=3 \
+    --json="$D/torch_ring.json" > "$D/torch_ring.log" 2>&1
+  say "compare_torch_ring.py rc=$?"
+  tail -6 "$D/torch_ring.log" >> "$SUMMARY"
+  pack scaling
+fi
+say "done"
+cat "$SUMMARY"
