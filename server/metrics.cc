@@ -83,6 +83,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                    .Name("attnserve_nccl_bytes_total")
                    .Help("Bytes moved by the device over NCCL (CPU backend: in-process ring transfers)")
                    .Register(r);
+  auto& nccl_comms = prometheus::BuildCounter()
+                         .Name("attnserve_nccl_communicators_created_total")
+                         .Help("NCCL communicators created on the device for GPU rings (cached and "
+                               "reused by later rings over the same devices)")
+                         .Register(r);
   m->imbalance_ = &prometheus::BuildGauge()
                        .Name("attnserve_device_memory_imbalance_ratio")
                        .Help("(max - min) / max of used bytes over the devices; 0 when max is 0")
@@ -102,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
     s.busy = &busy.Add({{"device", name}});
     s.nccl_send = &nccl.Add({{"device", name}, {"direction", "send"}});
     s.nccl_recv = &nccl.Add({{"device", name}, {"direction", "recv"}});
+    s.nccl_comms = &nccl_comms.Add({{"device", name}});
     m->devices_.push_back(s);
   }
 
@@ -143,6 +149,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                         .Register(r)
                         .Add({});
 
+  m->nccl_groups_created_ = &prometheus::BuildCounter()
+                                 .Name("attnserve_nccl_groups_created_total")
+                                 .Help("NCCL groups (unique ids) made for GPU rings: one per "
+                                       "device set, again after a group aborted")
+                                 .Register(r)
+                                 .Add({});
+
   m->hook_ = std::make_shared<ScrapeHook>(m.get());
   if (!options.listen.empty()) {
     // civetweb reports a failed bind by throwing; keep that exception inside this function.
@@ -173,6 +186,11 @@ void Metrics::RecordCommBytes(size_t device, int64_t sent, int64_t received) {
   DeviceSeries& s = devices_[device];
   if (sent > 0) s.nccl_send->Increment(static_cast<double>(sent));
   if (received > 0) s.nccl_recv->Increment(static_cast<double>(received));
+}
+
+void Metrics::AddNcclCommCreated(size_t device) {
+  if (device >= devices_.size()) return;
+  devices_[device].nccl_comms->Increment();
 }
 
 void Metrics::RecordRequest(grpc::StatusCode code, double seconds) {

@@ -62,6 +62,11 @@ class Metrics {
   void AddInflight(double delta) { inflight_->Increment(delta); }
   void AddReceivedBytes(int64_t n) { received_bytes_->Increment(static_cast<double>(n)); }
   void AddSentBytes(int64_t n) { sent_bytes_->Increment(static_cast<double>(n)); }
+  // GPU rings: a new NCCL group (unique id) for a device set (the first ring over it, or the
+  // rebuild after an abort), and one rank's NcclCommunicator created on device `device` (the
+  // later rings over the same set reuse the cached ones, so neither moves then).
+  void AddNcclGroupCreated() { nccl_groups_created_->Increment(); }
+  void AddNcclCommCreated(size_t device);
 
   // Copies every device's Stats() into the memory gauges and recomputes the imbalance ratio.
   // Called on each scrape; thread-safe.
@@ -81,6 +86,7 @@ class Metrics {
     prometheus::Counter* busy = nullptr;
     prometheus::Counter* nccl_send = nullptr;
     prometheus::Counter* nccl_recv = nullptr;
+    prometheus::Counter* nccl_comms = nullptr;
   };
   class ScrapeHook;
 
@@ -99,6 +105,7 @@ class Metrics {
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Counter* received_bytes_ = nullptr;
   prometheus::Counter* sent_bytes_ = nullptr;
+  prometheus::Counter* nccl_groups_created_ = nullptr;
 };
 
 }  // namespace attnserve

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -12,8 +13,13 @@
 #include "core/dist/communicator.h"
 #include "core/dist/planner.h"
 #include "core/dist/ring.h"
+#include "spdlog/spdlog.h"
 #if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+#include "absl/strings/str_join.h"
+#include "core/cuda/cuda_device.h"
+#include "core/dist/nccl_communicator.h"
 #include "core/dist/ring_cuda.h"
+#include "core/util/status_macros.h"
 #endif
 
 namespace attnserve {
@@ -122,6 +128,10 @@ class MultiDevicePlanner final : public PlacementPlanner {
   SingleDevicePlanner single_;
 };
 
+// Bound of a GPU ring rank's NCCL communicator creation (further bounded by the request's
+// deadline): all of a ring's workers start together, so peers join within milliseconds.
+[[maybe_unused]] constexpr absl::Duration kRingCommInitTimeout = absl::Seconds(60);
+
 int64_t SatAdd(int64_t a, int64_t b) {
   int64_t out;
   if (__builtin_add_overflow(a, b, &out)) return std::numeric_limits<int64_t>::max();
@@ -130,6 +140,124 @@ int64_t SatAdd(int64_t a, int64_t b) {
 
 }  // namespace
 
+
+// GPU rings' NCCL groups, shared by the scheduler's workers: one per ordered set of CUDA ordinals
+// (rank i = the i-th device), each with a generation. The first ring over a set makes its group
+// (ncclGetUniqueId); later rings over the same set get the same group (and generation) while it
+// is healthy, so every worker reuses the communicator it cached for that generation; once a run
+// aborted it (failure, cancel, timeout, a peer that never joined), the next ring over the set
+// gets a fresh group with a new generation, and each worker drops its old communicator and joins
+// the new one. A run takes its group once, at set-up, so all its ranks use the same generation.
+class RingGroupRegistry {
+ public:
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  struct Lease {
+    std::shared_ptr<NcclGroup> group;
+    uint64_t generation = 0;
+    bool created = false;  // this call made the group
+  };
+  absl::StatusOr<Lease> Acquire(const std::vector<int>& ordinals) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = groups_[ordinals];
+    Lease lease;
+    if (e.group == nullptr || e.group->aborted()) {
+      absl::StatusOr<std::shared_ptr<NcclGroup>> group =
+          NcclGroup::Create(static_cast<int>(ordinals.size()));
+      if (!group.ok()) {
+        groups_.erase(ordinals);
+        return group.status();
+      }
+      e.group = *std::move(group);
+      e.generation = ++next_generation_;
+      lease.created = true;
+    }
+    lease.group = e.group;
+    lease.generation = e.generation;
+    return lease;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<NcclGroup> group;
+    uint64_t generation = 0;
+  };
+  std::mutex mu_;
+  std::map<std::vector<int>, Entry> groups_;  // guarded by mu_; one per device set in use
+  uint64_t next_generation_ = 0;              // guarded by mu_
+#endif
+};
+
+// One worker's NCCL communicators, by ordered device set: created on the worker's thread (bound to
+// its GPU, on its stream), reused by later rings over the same set and generation, destroyed on the
+// same thread (a stale one when its set's group is rebuilt, all of them when the worker exits).
+// Only that worker touches it: it lives on the worker's stack (WorkerLoop).
+struct WorkerComms {
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  struct Entry {
+    std::shared_ptr<NcclGroup> group;
+    uint64_t generation = 0;
+    std::unique_ptr<NcclCommunicator> comm;
+  };
+
+  WorkerComms() = default;
+  WorkerComms(const WorkerComms&) = delete;
+  WorkerComms& operator=(const WorkerComms&) = delete;
+  // At worker exit. Every worker walks its map in the same (key) order and all of them exit
+  // together at shutdown, so communicators of one set are destroyed at about the same time.
+  ~WorkerComms() {
+    for (auto& [devices, e] : by_devices) Retire(e);
+  }
+
+  // The communicator of `rank` for `devices` in `group` (generation `generation`): the cached one
+  // when it belongs to that generation, else a new one (collective with the set's other workers,
+  // bounded by init_timeout). `created` tells which. A failed creation has aborted the group.
+  absl::StatusOr<NcclCommunicator*> Get(const std::vector<int>& devices,
+                                        const std::shared_ptr<NcclGroup>& group,
+                                        uint64_t generation, int rank, const CudaTaskContext& ctx,
+                                        absl::Duration init_timeout, bool* created) {
+    *created = false;
+    // A peer of this run failed already (the cached communicator is then retired below at the
+    // next ring over the set).
+    if (group->aborted()) return group->abort_status();
+    Entry& e = by_devices[devices];
+    if (e.comm != nullptr && (e.generation != generation || e.group->aborted())) Retire(e);
+    if (e.comm == nullptr) {
+      NcclCommunicator::Options options;
+      options.group = group;
+      options.rank = rank;
+      options.cuda_device = ctx.ordinal;
+      options.compute_stream = ctx.stream;
+      options.init_timeout = init_timeout;
+      absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm = NcclCommunicator::Create(options);
+      if (!comm.ok()) {
+        group->Abort(comm.status());  // peers still waiting in their init stop at once
+        by_devices.erase(devices);
+        return comm.status();
+      }
+      e.group = group;
+      e.generation = generation;
+      e.comm = *std::move(comm);
+      *created = true;
+    }
+    e.comm->set_compute_stream(ctx.stream);
+    return e.comm.get();
+  }
+
+  // Destroys a cached communicator on this (its owning) thread. One whose group was aborted by a
+  // peer is aborted on this side first (its next NCCL entry point does that), so destroying it
+  // never waits for peers that have gone.
+  static void Retire(Entry& e) {
+    if (e.comm != nullptr && e.group != nullptr && e.group->aborted()) {
+      (void)e.comm->StartSendRecv(nullptr, 0, kNoPeer, nullptr, 0, kNoPeer);
+    }
+    e.comm.reset();
+    e.group.reset();
+    e.generation = 0;
+  }
+
+  std::map<std::vector<int>, Entry> by_devices;
+#endif
+};
 
 // A multi-device run: one object shared by the workers of the group. Set up once (by whichever
 // worker gets there first), then every worker runs its rank (ring) or its share (data parallel) on
@@ -150,12 +278,19 @@ struct GroupRun {
   // Data parallel: the split and the outputs every share is scattered into (disjoint regions).
   DataParallelSplit split;
   HostTensor o, lse;
-  // Ring on GPUs: rank 0's worker runs the whole ring (RingAttentionCuda), the other workers of the
-  // group are held by the reservation.
-  AttentionOutputs cuda_outputs;
-  // The GPU ring could not run this spec (RingAttentionCuda: UNIMPLEMENTED, e.g. dilated with
-  // fewer segment units than GPUs) and the hint was not ring: rank 0 ran it alone instead.
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  // Ring on GPUs: each worker runs its own rank of `cuda_ring` on its device with its cached
+  // communicator of `nccl_group` (generation `nccl_generation`), the one of `ordinals`.
+  std::unique_ptr<RingCudaRun> cuda_ring;
+  std::vector<int> ordinals;  // CUDA ordinals in rank order: the communicator cache key
+  std::shared_ptr<NcclGroup> nccl_group;
+  uint64_t nccl_generation = 0;
+#endif
+  // The GPU ring could not run this spec (RingCudaRun: UNIMPLEMENTED, e.g. dilated with fewer
+  // segment units than GPUs) and the hint was not ring: rank 0 ran it alone instead, into
+  // cuda_outputs.
   bool fell_back_single = false;
+  AttentionOutputs cuda_outputs;
 
   // Per rank.
   std::vector<absl::Status> status;
@@ -200,7 +335,7 @@ absl::Status SetUpGroup(GroupRun& run) {
   if (absl::Status st = StartStatus(job, absl::Now()); !st.ok()) return st;
   const int ranks = static_cast<int>(run.group.size());
   if (run.placement == v1::PLACEMENT_RING) {
-    if (run.backend != BackendKind::kCpu) return absl::OkStatus();  // GPU ring: rank 0 runs it
+    if (run.backend != BackendKind::kCpu) return absl::OkStatus();  // GPU ring: SetUpCudaRing
     RingOptions options;
     options.cancel = &job.cancel;
     options.deadline = job.deadline;
@@ -325,9 +460,20 @@ Scheduler::Scheduler(const SchedulerOptions& options, DevicePool* pool, Metrics*
       pool_(pool),
       metrics_(metrics),
       planner_(std::move(planner)),
-      workers_(pool->size()) {}
+      workers_(pool->size()),
+      ring_groups_(std::make_shared<RingGroupRegistry>()) {}
 
 Scheduler::~Scheduler() { Shutdown(); }
+
+int64_t Scheduler::IdleBudget(size_t index) const {
+  if (options_.max_inflight_bytes) return *options_.max_inflight_bytes;
+  // Free memory plus what the device's caching allocator holds (in use or cached for reuse): the
+  // device is reserved for the caller, so all of it is the request's. Never less than
+  // LoadsLocked's idle budget (free + used), so it does not refuse what the planner admitted.
+  const DeviceStats stats = pool_->device(index).Stats();
+  return SatAdd(stats.memory_free_bytes,
+                std::max(stats.memory_reserved_bytes, stats.memory_used_bytes));
+}
 
 std::vector<DeviceLoad> Scheduler::LoadsLocked(const Job& job) const {
   std::vector<DeviceLoad> loads(workers_.size());
@@ -439,6 +585,8 @@ void Scheduler::Cancel(const Job* job) {
 
 void Scheduler::WorkerLoop(size_t index) {
   Device& device = pool_->device(index);
+  // This worker's NCCL communicators (GPU rings): destroyed here, on this thread, when it exits.
+  WorkerComms comms;
   for (;;) {
     std::shared_ptr<Job> job;
     std::vector<size_t> group;
@@ -457,7 +605,7 @@ void Scheduler::WorkerLoop(size_t index) {
     }
     if (group_run != nullptr) {
       job.reset();
-      RunGroupPart(index, group_run);
+      RunGroupPart(index, group_run, comms);
       continue;
     }
 
@@ -509,7 +657,8 @@ void Scheduler::WorkerLoop(size_t index) {
 }
 
 
-void Scheduler::RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run_ptr) {
+void Scheduler::RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run_ptr,
+                             WorkerComms& comms) {
   GroupRun& run = *run_ptr;
   const int rank = static_cast<int>(
       std::find(run.group.begin(), run.group.end(), index) - run.group.begin());
@@ -518,7 +667,13 @@ void Scheduler::RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run_
   Job& job = *run.job;
   const absl::Time start = absl::Now();
   if (rank == 0) run.start = start;
-  std::call_once(run.setup_once, [&] { run.setup_status = SetUpGroup(run); });
+  std::call_once(run.setup_once, [&] {
+    run.setup_status = SetUpGroup(run);
+    if (run.setup_status.ok() && run.placement == v1::PLACEMENT_RING &&
+        run.backend != BackendKind::kCpu) {
+      run.setup_status = SetUpCudaRing(run);
+    }
+  });
 
   absl::Status st = run.setup_status;
   if (st.ok()) st = StartStatus(job, start);
@@ -533,47 +688,7 @@ void Scheduler::RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run_
       RingRun& ring = *run.ring;
       st = device.RunHostTask(bytes, [&](ThreadPool* pool) { return ring.RunRank(comm, pool); });
     } else if (run.placement == v1::PLACEMENT_RING) {
-#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
-      // GPU ring: rank 0's worker drives every GPU of the group through RingAttentionCuda (one
-      // thread per GPU of its own); the other workers of the group hold their devices idle.
-      if (rank == 0) {
-        std::vector<int> ordinals;
-        for (size_t i : run.group) ordinals.push_back(OrdinalOf(pool_->device(i)));
-        RingCudaOptions options;
-        options.cancel = &job.cancel;
-        std::vector<RingCudaRankStats> stats;
-        absl::StatusOr<AttentionOutputs> out =
-            RingAttentionCuda(job.spec, job.q, job.k, job.v, ordinals, options, &stats);
-        if (out.ok()) {
-          run.cuda_outputs = *std::move(out);
-          const double d = static_cast<double>(s.head_dim);
-          for (size_t r = 0; r < stats.size() && r < run.group.size(); ++r) {
-            run.flops[r] = 4.0 * d * static_cast<double>(stats[r].admitted_pairs);
-            run.bytes_sent[r] = stats[r].bytes_sent;
-            run.bytes_received[r] = stats[r].bytes_received;
-          }
-        } else if (absl::IsUnimplemented(out.status()) &&
-                   job.placement_hint != v1::PLACEMENT_RING) {
-          RunControl control;
-          control.cancel = &job.cancel;
-          control.deadline = job.deadline;
-          absl::StatusOr<AttentionOutputs> alone =
-              device.Run(job.spec, job.q, job.k, job.v, control, &run.infos[0]);
-          if (alone.ok()) {
-            run.cuda_outputs = *std::move(alone);
-            run.fell_back_single = true;
-            run.flops[0] = run.infos[0].flops;
-          } else {
-            st = alone.status();
-          }
-        } else {
-          st = out.status();
-        }
-      }
-#else
-      st = absl::UnimplementedError(
-          "ring placement on this backend needs CUDA and NCCL (this attnserve has no GPU ring)");
-#endif
+      st = RunCudaRingRank(run, rank, index, comms);
     } else {
       st = RunDataParallelShare(run, rank, device);
     }
@@ -582,8 +697,13 @@ void Scheduler::RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run_
       (absl::IsCancelled(st) || absl::IsAborted(st))) {
     st = absl::DeadlineExceededError("deadline passed while running");
   }
-  // A rank that failed (or never started) releases its peers at once.
+  // A rank that failed (or never started) releases its peers at once (GPU ring: those in NCCL
+  // init or a transfer see the group aborted at their next poll; the group is rebuilt for the
+  // next ring over these devices).
   if (!st.ok() && run.comms != nullptr) run.comms->Abort(st);
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  if (!st.ok() && run.nccl_group != nullptr) run.nccl_group->Abort(st);
+#endif
   run.status[rank] = st;
   run.busy_seconds[rank] = absl::ToDoubleSeconds(absl::Now() - start);
 
@@ -650,12 +770,28 @@ void Scheduler::FinishGroup(GroupRun& run) {
       result.devices = {pool_->device(run.group.front()).name()};
       result.info.sparsity = run.infos[0].sparsity;
     } else if (run.placement == v1::PLACEMENT_RING) {
-      result.outputs = std::move(run.cuda_outputs);
-      double pairs = 0;
-      for (double f : run.flops) pairs += f / (4.0 * static_cast<double>(s.head_dim));
-      const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
-                          static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
-      result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+      absl::StatusOr<AttentionOutputs> out =
+          run.cuda_ring != nullptr ? run.cuda_ring->TakeOutputs()
+                                   : absl::InternalError("GPU ring: no ring run");
+      if (out.ok()) {
+        result.outputs = *std::move(out);
+        const double d = static_cast<double>(s.head_dim);
+        double pairs = 0;
+        const std::vector<RingCudaRankStats> stats = run.cuda_ring->stats();
+        for (int r = 0; r < ranks && r < static_cast<int>(stats.size()); ++r) {
+          run.flops[r] = 4.0 * d * static_cast<double>(stats[r].admitted_pairs);
+          pairs += static_cast<double>(stats[r].admitted_pairs);
+        }
+        const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
+                            static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
+        result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+      } else {
+        status = out.status();
+      }
+#else
+      status = absl::InternalError("GPU ring: this build has no GPU ring");
+#endif
     } else {
       result.outputs = AttentionOutputs{std::move(run.o), std::move(run.lse)};
       for (int r = 0; r < ranks; ++r) {
@@ -682,6 +818,16 @@ void Scheduler::FinishGroup(GroupRun& run) {
         run.bytes_received[r] = stats[r].bytes_received;
       }
     }
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+    if (run.cuda_ring != nullptr) {
+      // Each rank's own NCCL bytes (what its communicator moved during this run).
+      const std::vector<RingCudaRankStats> stats = run.cuda_ring->stats();
+      for (int r = 0; r < ranks && r < static_cast<int>(stats.size()); ++r) {
+        run.bytes_sent[r] = stats[r].bytes_sent;
+        run.bytes_received[r] = stats[r].bytes_received;
+      }
+    }
+#endif
   }
   result.status = status;
   for (int r = 0; r < ranks; ++r) {
@@ -697,6 +843,10 @@ void Scheduler::FinishGroup(GroupRun& run) {
   // communicators, the inputs.
   run.ring.reset();
   run.comms.reset();
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  run.cuda_ring.reset();
+  run.nccl_group.reset();
+#endif
   run.o = HostTensor();
   run.lse = HostTensor();
   job->q = HostTensor();
@@ -706,6 +856,131 @@ void Scheduler::FinishGroup(GroupRun& run) {
   run.job.reset();
   job.reset();
   done(std::move(result));
+}
+
+absl::Status Scheduler::SetUpCudaRing(GroupRun& run) {
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  Job& job = *run.job;
+  const size_t ranks = run.group.size();
+  std::string names;
+  run.ordinals.clear();
+  std::vector<int64_t> budgets;
+  int64_t min_budget = std::numeric_limits<int64_t>::max();
+  for (size_t i : run.group) {
+    const Device& d = pool_->device(i);
+    run.ordinals.push_back(OrdinalOf(d));
+    absl::StrAppend(&names, names.empty() ? "" : ",", d.name());
+    // Every device of the group is reserved for this request: what it may use there now.
+    budgets.push_back(IdleBudget(i));
+    min_budget = std::min(min_budget, budgets.back());
+  }
+  RingCudaOptions options;
+  options.cancel = &job.cancel;
+  // The ring's schedule is chosen to fit the smallest budget of its devices (0 would mean
+  // unlimited to the planner: a device with nothing to give gets 1 byte, so no schedule fits).
+  options.plan.device_memory_budget = std::max<int64_t>(min_budget, 1);
+  absl::StatusOr<std::unique_ptr<RingCudaRun>> ring =
+      RingCudaRun::Create(job.spec, job.q, job.k, job.v, run.ordinals, options);
+  if (!ring.ok()) {
+    if (absl::IsUnimplemented(ring.status()) && job.placement_hint != v1::PLACEMENT_RING) {
+      // The GPU ring cannot split this spec (e.g. dilated segments longer than a shard) and the
+      // client did not ask for a ring: rank 0's device runs it alone, if it fits there.
+      const Device& d = pool_->device(run.group.front());
+      const int64_t need = d.EstimateBytes(job.spec, job.shape, job.dtype);
+      if (need > budgets.front()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "device memory: the GPU ring cannot split this request (", ring.status().message(),
+            ") and it needs about ", need, " bytes on one device, more than ", d.name(),
+            " can give it (", budgets.front(), " bytes; see --max-inflight-bytes)"));
+      }
+      run.fell_back_single = true;
+      return absl::OkStatus();
+    }
+    if (absl::IsResourceExhausted(ring.status())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device memory: GPU ring over ", names, ": ", ring.status().message(),
+          " (see --max-inflight-bytes)"));
+    }
+    return ring.status();
+  }
+  // Admission per device with the ring's own per-rank figure (its chosen schedule), before any
+  // GPU memory is touched.
+  for (size_t r = 0; r < ranks; ++r) {
+    const int64_t need = (*ring)->EstimateRankBytes(static_cast<int>(r));
+    if (need > budgets[r]) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device memory: ring rank ", r, " needs about ", need, " bytes on ",
+          pool_->device(run.group[r]).name(), ", more than it can give (", budgets[r],
+          " bytes; see --max-inflight-bytes)"));
+    }
+  }
+  ATTN_ASSIGN_OR_RETURN(RingGroupRegistry::Lease lease, ring_groups_->Acquire(run.ordinals));
+  if (lease.created) {
+    if (metrics_ != nullptr) metrics_->AddNcclGroupCreated();
+    spdlog::info("GPU ring over {}: new NCCL group (generation {}); its communicators are created "
+                 "by the devices' workers and cached for later rings over the same devices",
+                 names, lease.generation);
+  }
+  run.nccl_group = std::move(lease.group);
+  run.nccl_generation = lease.generation;
+  run.cuda_ring = *std::move(ring);
+  return absl::OkStatus();
+#else
+  (void)run;
+  return absl::UnimplementedError(
+      "ring placement on this backend needs CUDA and NCCL (this attnserve has no GPU ring)");
+#endif
+}
+
+absl::Status Scheduler::RunCudaRingRank(GroupRun& run, int rank, size_t index,
+                                        WorkerComms& comms) {
+  Device& device = pool_->device(index);
+  Job& job = *run.job;
+  if (run.fell_back_single) {
+    if (rank != 0) return absl::OkStatus();  // held by the reservation, idle
+    RunControl control;
+    control.cancel = &job.cancel;
+    control.deadline = job.deadline;
+    absl::StatusOr<AttentionOutputs> alone =
+        device.Run(job.spec, job.q, job.k, job.v, control, &run.infos[0]);
+    if (!alone.ok()) return alone.status();
+    run.cuda_outputs = *std::move(alone);
+    run.flops[0] = run.infos[0].flops;
+    return absl::OkStatus();
+  }
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  if (run.cuda_ring == nullptr || run.nccl_group == nullptr) {
+    return absl::InternalError("GPU ring: rank started without its set-up");
+  }
+  RingCudaRun& ring = *run.cuda_ring;
+  // Communicator creation is collective and bounded: a peer that never joins (or fails first and
+  // aborts the group) fails this rank instead of holding the worker.
+  absl::Duration init_timeout = kRingCommInitTimeout;
+  if (const absl::Duration left = job.deadline - absl::Now(); left < init_timeout) {
+    init_timeout = std::max(left, absl::Seconds(1));
+  }
+  bool created = false;
+  const absl::Status st = RunCudaDeviceTask(device, [&](CudaTaskContext& ctx) -> absl::Status {
+    const absl::Time t0 = absl::Now();
+    ATTN_ASSIGN_OR_RETURN(NcclCommunicator * comm,
+                          comms.Get(run.ordinals, run.nccl_group, run.nccl_generation, rank, ctx,
+                                    init_timeout, &created));
+    if (created) {
+      spdlog::info("{}: NCCL communicator rank {} of {} over devices [{}] (generation {}) created "
+                   "in {:.3f} s",
+                   device.name(), rank, ring.ranks(), absl::StrJoin(run.ordinals, ","),
+                   run.nccl_generation, absl::ToDoubleSeconds(absl::Now() - t0));
+    }
+    return ring.RunRank(rank, *comm, ctx.allocator, ctx.stream);
+  });
+  if (created && metrics_ != nullptr) metrics_->AddNcclCommCreated(index);
+  return st;
+#else
+  (void)comms;
+  return absl::UnimplementedError(absl::StrCat("ring placement on ", device.name(),
+                                               " needs CUDA and NCCL (this attnserve has no GPU "
+                                               "ring)"));
+#endif
 }
 
 void Scheduler::Shutdown() {

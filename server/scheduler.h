@@ -4,6 +4,14 @@
 // may name several devices (data parallel, ring): the scheduler reserves them together and each
 // of their workers runs its own rank or share of the job on its own device (see GroupRun in
 // scheduler.cc and server/README.md "Placement").
+//
+// GPU rings: every rank of a RingCudaRun runs on the worker of its own GPU (RunCudaDeviceTask:
+// that device's allocator and stream, so its memory, tokens and busy seconds are its own), over
+// the NCCL communicator that worker cached for the ring's ordered device set. The set's NcclGroup
+// (unique id + generation) is the scheduler's (RingGroupRegistry); the communicators are the
+// workers' (WorkerComms, on each worker's stack: created, reused and destroyed on its thread). A
+// run that fails, is cancelled or times out aborts the group; the next ring over the set gets a
+// new generation and every worker rebuilds its communicator.
 #ifndef ATTNSERVE_SERVER_SCHEDULER_H_
 #define ATTNSERVE_SERVER_SCHEDULER_H_
 
@@ -31,7 +39,9 @@
 
 namespace attnserve {
 
-struct GroupRun;  // scheduler.cc
+struct GroupRun;           // scheduler.cc
+struct WorkerComms;        // scheduler.cc: one worker's cached NCCL communicators
+class RingGroupRegistry;   // scheduler.cc: the shared NCCL group of each GPU device set
 
 // What the scheduler reports back for one job.
 struct JobResult {
@@ -148,9 +158,17 @@ class Scheduler {
   void DispatchLocked();
   void WorkerLoop(size_t index);
   // One worker's part of a multi-device run (on that worker's thread), then, for the last part
-  // to finish, the result, the metrics and the release of the group's devices.
-  void RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run);
+  // to finish, the result, the metrics and the release of the group's devices. `comms`: the
+  // worker's communicator cache (lives on the worker's stack, so it is destroyed on its thread).
+  void RunGroupPart(size_t index, const std::shared_ptr<GroupRun>& run, WorkerComms& comms);
   void FinishGroup(GroupRun& run);
+  // GPU ring: the shared set-up (RingCudaRun, per-device admission, the NCCL group of the device
+  // set) and one rank on worker `index` (its device, allocator, stream and cached communicator).
+  absl::Status SetUpCudaRing(GroupRun& run);
+  absl::Status RunCudaRingRank(GroupRun& run, int rank, size_t index, WorkerComms& comms);
+  // What a request holding device `index` may use there (--max-inflight-bytes, else its free
+  // bytes plus what its allocator holds): a GPU ring's per-rank admission.
+  int64_t IdleBudget(size_t index) const;
 
   const SchedulerOptions options_;
   DevicePool* const pool_;
@@ -161,6 +179,9 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<Queued> queue_;
   std::vector<Worker> workers_;
+  // GPU rings: one NCCL group (unique id + generation) per ordered device set, shared by the
+  // workers of that set; has its own mutex (taken on worker threads, never under mu_).
+  std::shared_ptr<RingGroupRegistry> ring_groups_;
   bool stopping_ = false;
   bool joined_ = false;
 };

@@ -191,6 +191,23 @@ class CudaDevice final : public Device {
     return out;
   }
 
+  // RunCudaDeviceTask: worker thread only.
+  absl::Status RunTask(const std::function<absl::Status(CudaTaskContext&)>& task) {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    CudaTaskContext ctx;
+    ctx.ordinal = ordinal_;
+    ctx.allocator = &alloc_;
+    ctx.stream = stream_;
+    absl::Status st = task(ctx);
+    // As after Run: leave the stream idle so blocks the task freed are safe to reuse.
+    const cudaError_t sync = cudaStreamSynchronize(stream_);
+    cudaGetLastError();
+    if (st.ok() && sync != cudaSuccess) {
+      st = CudaErrorToStatus(sync, "cudaStreamSynchronize(device stream)", __FILE__, __LINE__);
+    }
+    return st;
+  }
+
  private:
   CudaDevice(int ordinal, AttentionEngine engine)
       : ordinal_(ordinal), engine_mode_(engine), alloc_(ordinal) {}
@@ -418,6 +435,17 @@ absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name, std:
   if (name == "cudnn") return AttentionEngine::kCudnn;
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(what), ": expected auto, own or cudnn, got '", std::string(name), "'"));
+}
+
+absl::Status RunCudaDeviceTask(Device& device,
+                               const std::function<absl::Status(CudaTaskContext&)>& task) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(device.name(), ": not a CUDA device made by MakeCudaDevices"));
+  }
+  if (!task) return absl::InvalidArgumentError("RunCudaDeviceTask: empty task");
+  return cuda->RunTask(task);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(

@@ -10,15 +10,21 @@
 #ifndef ATTNSERVE_CORE_CUDA_CUDA_DEVICE_H_
 #define ATTNSERVE_CORE_CUDA_CUDA_DEVICE_H_
 
+#include <cuda_runtime_api.h>
+
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/engine/device.h"
 
 namespace attnserve {
+
+class CachingAllocator;  // core/cuda/caching_allocator.h
 
 // Which attention engine a CudaDevice runs dense/window specs on.
 //   kAuto:  cuDNN where it can run the case and our kernels could too (so a cuDNN refusal always
@@ -58,6 +64,26 @@ int CudaDeviceCount();
 // GPU; INVALID_ARGUMENT for an ordinal out of range or a bad $ATTNSERVE_ATTENTION_ENGINE.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(
     std::vector<int> ordinals, const CudaDeviceOptions& options = {});
+
+// What a task run on a CudaDevice's worker thread may use (RunCudaDeviceTask).
+struct CudaTaskContext {
+  int ordinal = 0;  // the GPU; the calling thread is bound to it for the task
+  // The device's caching allocator: what the task allocates through it shows in the device's
+  // Stats() (memory in use / peak), so in the metrics, exactly like Run's own buffers.
+  CachingAllocator* allocator = nullptr;
+  // The device's stream (non-blocking), the one Run enqueues on.
+  cudaStream_t stream = nullptr;
+};
+
+// Runs `task` on the calling thread, which must be `device`'s worker thread (the only thread that
+// calls its Run), bound to the GPU, with the device's allocator and stream: the server runs one
+// rank of a GPU ring this way (one rank per device, each on its own worker). Whatever the task
+// returns, the stream is synchronized afterwards and the CUDA error state cleared, so memory the
+// task freed is safe to reuse and the next request starts clean. The bytes the task allocates are
+// counted by the allocator itself (no separate charge). INVALID_ARGUMENT when `device` is not one
+// of MakeCudaDevices's.
+absl::Status RunCudaDeviceTask(Device& device,
+                               const std::function<absl::Status(CudaTaskContext&)>& task);
 
 }  // namespace attnserve
 

@@ -66,7 +66,8 @@ class Device {
   // Runs `task` with this device's host compute resources: the CPU device passes its thread pool
   // and charges `bytes` to its memory tracker while the task runs (the server runs one rank of a
   // CPU ring this way). Called only from this device's worker thread. Backends without host
-  // compute resources (CUDA) return UNIMPLEMENTED, which is the default.
+  // compute resources (CUDA) return UNIMPLEMENTED, which is the default; a GPU ring rank runs
+  // through RunCudaDeviceTask (core/cuda/cuda_device.h) instead.
   virtual absl::Status RunHostTask(int64_t bytes,
                                    const std::function<absl::Status(ThreadPool* pool)>& task) {
     (void)bytes;
