@@ -861,6 +861,12 @@ absl::StatusOr<AttentionOutputs> RingAttentionCuda(const AttentionSpec& spec, co
                         RingCudaRun::Create(spec, q, k, v, std::move(devices), options));
   const int P = run->ranks();
   std::vector<absl::Status> status(P);
+  // Outlives the rank threads (joined below): they copy it into their communicator options.
+  std::shared_ptr<NcclGroup> group;
+  if (run->plan() != nullptr) {
+    ForceNcclNvlsOff();
+    ATTN_ASSIGN_OR_RETURN(group, NcclGroup::Create(P));
+  }
   std::vector<std::thread> threads;
   threads.reserve(P);
   if (run->plan() == nullptr) {  // dilated: shard-local, no communicator
@@ -869,8 +875,6 @@ absl::StatusOr<AttentionOutputs> RingAttentionCuda(const AttentionSpec& spec, co
           [&, rank] { status[rank] = run->RunRankImpl(rank, nullptr, nullptr, nullptr); });
     }
   } else {
-    ForceNcclNvlsOff();
-    ATTN_ASSIGN_OR_RETURN(std::shared_ptr<NcclGroup> group, NcclGroup::Create(P));
     for (int rank = 0; rank < P; ++rank) {
       threads.emplace_back([&, rank] {
         status[rank] = [&]() -> absl::Status {

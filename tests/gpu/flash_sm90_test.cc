@@ -492,7 +492,9 @@ TEST_P(FlashSm90PieceTest, RectangularPiecesWithOffsets) {
     EXPECT_LE(max_err / std::max(max_ref, 1e-30), otol) << max_err << " / " << max_ref;
     EXPECT_LE(lse_err, kLseTol);
   };
-  check(acc, lse, 2, 1e-3, "accumulate, two pieces (f32 output)");
+  // f32 output, but P is rounded to the input dtype before the PV product (as in the sm80
+  // kernel), so the bound is the input dtype's, not float32's (1e-3 failed at 1.04e-3 on an H200).
+  check(acc, lse, 2, OTol(pc.dtype), "accumulate, two pieces (f32 output)");
 
   // Piece 0 alone, plain store in the input dtype.
   {
