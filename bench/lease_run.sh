@@ -97,7 +97,7 @@ fi
 
 if has service; then
   D="$R/service"; mkdir -p "$D"
-  timeout -k 5 150 bash bench/service_ring_check.sh "$D" > "$D/stdout.log" 2>&1
+  timeout -k 5 200 bash bench/service_ring_check.sh "$D" > "$D/stdout.log" 2>&1
   say "service_ring_check.sh rc=$?"
   tail -25 "$D/stdout.log" >> "$SUMMARY"
   pack service

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The service's GPU ring on 2 GPUs, end to end, in under 2 minutes: attnserve (--backend cuda
+# The service's GPU ring on 2 GPUs, end to end, in under 3 minutes: attnserve (--backend cuda
 # --devices 0,1) and attnctl from .gpu-bundle/bin (ATTN_BIN_DIR overrides), run from the
 # repository root after `source .gpu-bundle/env.sh`. Two ring requests in a row, each checked
 # against the float64 reference (attnctl run --check), then /metrics:
@@ -25,7 +25,7 @@ pass() { echo "PASS: $*" | tee -a "$OUT/summary.md"; }
 rm -f "$OUT/port" "$OUT/mport"
 
 stamp "start attnserve --backend cuda --devices 0,1"
-timeout -k 5 110 "$BIN/attnserve" --backend cuda --devices 0,1 --listen 127.0.0.1:0 \
+timeout -k 5 170 "$BIN/attnserve" --backend cuda --devices 0,1 --listen 127.0.0.1:0 \
   --port-file "$OUT/port" --metrics-listen 127.0.0.1:0 --metrics-port-file "$OUT/mport" \
   > "$OUT/attnserve.log" 2>&1 &
 SPID=$!
@@ -58,6 +58,35 @@ for i in 1 2; do
     || fail "ring request $i: --check did not pass"
 done
 
+# Every spec kind through the ring placement, checked against the reference; the dilated one has
+# a segment as long as the sequence (longer than a shard), so it runs as the dilated composition
+# (local parts + rings over gathered positions) rather than shard-locally.
+k=0
+for spec in '{"dense": {}}' '{"window": {"size": 300}, "causal": true}' \
+    '{"blockSparse": {"blockSize": 128, "random": {"keep": 0.2, "seed": "3"}}, "causal": true}' \
+    '{"dilated": {"segmentLengths": [512, 1024], "dilationRates": [1, 2]}, "causal": true}' \
+    '{"dilated": {"segmentLengths": [512, 2048], "dilationRates": [1, 2]}}'; do
+  k=$((k + 1))
+  stamp "ring request, spec $spec"
+  timeout -k 5 40 "$BIN/attnctl" run --server "$ADDR" --random 1,2048,8,4,128 --dtype bf16 \
+    --seed $((20 + k)) --spec "$spec" --placement ring --check > "$OUT/spec$k.log" 2>&1
+  rc=$?
+  { echo "### $spec"; cat "$OUT/spec$k.log"; echo "rc=$rc"; } >> "$OUT/attnctl.log"
+  if [ $rc -eq 0 ] && grep -q "PASS" "$OUT/spec$k.log"; then
+    pass "ring request $spec matches the reference ($(grep -o 'placement [a-z]*' "$OUT/spec$k.log" | head -1))"
+  else
+    fail "ring request $spec: rc=$rc"
+  fi
+done
+# A long causal request both ways (timing only): one GPU (cuDNN) vs the ring over both GPUs.
+for placement in single ring; do
+  stamp "N=262144 causal, placement $placement"
+  timeout -k 5 60 "$BIN/attnctl" run --server "$ADDR" --random 1,262144,8,8,128 --dtype bf16 \
+    --seed 5 --spec '{"dense": {}, "causal": true}' --placement $placement \
+    > "$OUT/long_$placement.log" 2>&1
+  echo "N=262144 $placement rc=$?: $(grep -iE 'placement|seconds|ms' "$OUT/long_$placement.log" | head -3 | tr '\n' ' ')" \
+    | tee -a "$OUT/summary.md"
+done
 stamp "scrape /metrics"
 timeout 15 python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
   "http://127.0.0.1:$MPORT/metrics" > "$OUT/metrics.txt" 2>&1 || fail "could not scrape /metrics"

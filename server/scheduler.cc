@@ -18,6 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "core/cuda/cuda_device.h"
 #include "core/dist/nccl_communicator.h"
+#include "core/dist/dilated_ring.h"
+#include "core/dist/dilated_ring_cuda.h"
 #include "core/dist/ring_cuda.h"
 #include "core/util/status_macros.h"
 #endif
@@ -290,6 +292,11 @@ struct GroupRun {
   // segment units than GPUs) and the hint was not ring: rank 0 ran it alone instead, into
   // cuda_outputs.
   bool fell_back_single = false;
+  // A dilated spec whose segments are longer than a shard: rank 0's worker runs the composition
+  // of core/dist/dilated_ring_cuda (local parts per GPU, rings over gathered positions) over the
+  // group's reserved GPUs; the result lands in cuda_outputs like a single-device fallback.
+  bool dilated_composed = false;
+  int64_t dilated_nccl_bytes = 0;
   AttentionOutputs cuda_outputs;
 
   // Per rank.
@@ -764,6 +771,9 @@ void Scheduler::FinishGroup(GroupRun& run) {
       } else {
         status = out.status();
       }
+    } else if (run.placement == v1::PLACEMENT_RING && run.dilated_composed) {
+      result.outputs = std::move(run.cuda_outputs);
+      for (size_t i : run.group) result.devices.push_back(pool_->device(i).name());
     } else if (run.placement == v1::PLACEMENT_RING && run.fell_back_single) {
       result.outputs = std::move(run.cuda_outputs);
       result.placement = v1::PLACEMENT_SINGLE;
@@ -827,6 +837,13 @@ void Scheduler::FinishGroup(GroupRun& run) {
         run.bytes_received[r] = stats[r].bytes_received;
       }
     }
+    if (run.dilated_composed && ranks > 0) {
+      // The composition's rings: their NCCL bytes in total, spread evenly over the ranks (every
+      // rank sends and receives the same amount in a ring).
+      for (int r = 0; r < ranks; ++r) {
+        run.bytes_sent[r] = run.bytes_received[r] = run.dilated_nccl_bytes / ranks;
+      }
+    }
 #endif
   }
   result.status = status;
@@ -882,6 +899,29 @@ absl::Status Scheduler::SetUpCudaRing(GroupRun& run) {
   absl::StatusOr<std::unique_ptr<RingCudaRun>> ring =
       RingCudaRun::Create(job.spec, job.q, job.k, job.v, run.ordinals, options);
   if (!ring.ok()) {
+    if (absl::IsUnimplemented(ring.status()) &&
+        std::holds_alternative<DilatedSpec>(job.spec.pattern)) {
+      // Segments longer than a shard: the dilated composition, when it can split this spec
+      // (checked now, before any GPU work).
+      absl::StatusOr<std::vector<DilatedRingJob>> jobs =
+          PlanDilatedRing(job.spec, job.shape, static_cast<int>(ranks), options.plan.block_size);
+      if (jobs.ok()) {
+        const int64_t need = pool_->device(run.group.front()).EstimateBytes(job.spec, job.shape,
+                                                                            job.dtype);
+        if (need > min_budget) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "device memory: dilated ring over ", names, " needs about ", need,
+              " bytes per device, more than the smallest budget (", min_budget,
+              " bytes; see --max-inflight-bytes)"));
+        }
+        run.dilated_composed = true;
+        return absl::OkStatus();
+      }
+      if (job.placement_hint == v1::PLACEMENT_RING) {
+        return absl::Status(jobs.status().code(),
+                            absl::StrCat("placement ring: ", jobs.status().message()));
+      }
+    }
     if (absl::IsUnimplemented(ring.status()) && job.placement_hint != v1::PLACEMENT_RING) {
       // The GPU ring cannot split this spec (e.g. dilated segments longer than a shard) and the
       // client did not ask for a ring: rank 0's device runs it alone, if it fits there.
@@ -936,6 +976,22 @@ absl::Status Scheduler::RunCudaRingRank(GroupRun& run, int rank, size_t index,
                                         WorkerComms& comms) {
   Device& device = pool_->device(index);
   Job& job = *run.job;
+#if defined(ATTNSERVE_SERVER_HAVE_RING_CUDA)
+  if (run.dilated_composed) {
+    if (rank != 0) return absl::OkStatus();  // held by the reservation; rank 0 drives them
+    // Deviation from one-thread-per-GPU, as documented in docs/DESIGN.md: the composition starts
+    // its own rank threads on the group's GPUs (reserved, idle) and its own NCCL groups.
+    RingCudaOptions options;
+    options.cancel = &job.cancel;
+    DilatedRingStats stats;
+    absl::StatusOr<AttentionOutputs> out =
+        DilatedRingAttentionCuda(job.spec, job.q, job.k, job.v, run.ordinals, options, &stats);
+    if (!out.ok()) return out.status();
+    run.cuda_outputs = *std::move(out);
+    run.dilated_nccl_bytes = stats.ring_bytes_moved;
+    return absl::OkStatus();
+  }
+#endif
   if (run.fell_back_single) {
     if (rank != 0) return absl::OkStatus();  // held by the reservation, idle
     RunControl control;
