@@ -527,6 +527,9 @@ void Scheduler::DispatchLocked() {
     const std::vector<DeviceLoad> loads = LoadsLocked(*head.job);
     std::optional<PlacementDecision> decision = planner_->Place(*head.job, loads);
     if (!decision || decision->devices.empty()) return;
+    // Ranks in device order, whatever order the planner ranked them in: a GPU ring over the same
+    // devices then always has the same key, so its cached NCCL communicators are reused.
+    std::sort(decision->devices.begin(), decision->devices.end());
     const size_t leader = decision->devices.front();
     for (size_t i : decision->devices) workers_[i].busy = true;
     if (decision->devices.size() == 1) {
