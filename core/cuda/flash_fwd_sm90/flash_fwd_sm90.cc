@@ -16,15 +16,25 @@ namespace attnserve {
 namespace {
 
 std::atomic<const char*> g_last_kernel{"none"};
+// Name of the variant the last RunFlashFwdSm90 of this thread launched.
+thread_local const char* t_last_sm90 = kFlashKernelSm90;
 
 // Per device: 0 unknown, 1 compute capability 9.x, 2 other.
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> g_is_sm90{};
 
 template <int kHeadDim, typename Elem>
-cudaError_t DispatchBlock(const FlashFwdParams& p, cudaStream_t stream) {
-  return p.block_size == 64 ? RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream)
-                            : RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
+cudaError_t DispatchBlock(const FlashFwdParams& p, Sm90Variant variant, cudaStream_t stream) {
+  if (p.block_size == 64) {
+    t_last_sm90 = kFlashKernelSm90;  // no v2 for block 64
+    return RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream);
+  }
+  if (variant == Sm90Variant::kV2) {
+    t_last_sm90 = kFlashKernelSm90V2;
+    return RunFlashFwdSm90V2Impl<kHeadDim, Elem>(p, stream);
+  }
+  t_last_sm90 = kFlashKernelSm90;
+  return RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
 }
 
 }  // namespace
@@ -73,7 +83,32 @@ bool CurrentDeviceIsSm90() {
   return is90;
 }
 
+bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value) {
+  const char* env = std::getenv("ATTNSERVE_SM90_VARIANT");
+  const std::string_view v = env != nullptr ? std::string_view(env) : std::string_view();
+  if (v.empty()) {
+    *variant = kSm90DefaultVariant;
+  } else if (v == "v1") {
+    *variant = Sm90Variant::kV1;
+  } else if (v == "v2") {
+    *variant = Sm90Variant::kV2;
+  } else {
+    if (bad_value != nullptr) *bad_value = std::string(v);
+    *variant = kSm90DefaultVariant;
+    return false;
+  }
+  return true;
+}
+
 absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& p) {
+  {
+    Sm90Variant variant;
+    std::string bad;
+    if (!Sm90VariantFromEnv(&variant, &bad)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ATTNSERVE_SM90_VARIANT: expected v1 or v2, got '", bad, "'"));
+    }
+  }
   const char* env = std::getenv("ATTNSERVE_FLASH_KERNEL");
   const std::string_view pref = env != nullptr ? std::string_view(env) : std::string_view("auto");
   if (pref == "sm80") return kFlashKernelSm80;
@@ -97,16 +132,19 @@ absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& p) {
 
 const char* LastFlashKernelName() { return g_last_kernel.load(std::memory_order_relaxed); }
 void SetLastFlashKernelName(const char* name) {
+  if (name != nullptr && std::string_view(name) == kFlashKernelSm90) name = t_last_sm90;
   g_last_kernel.store(name, std::memory_order_relaxed);
 }
 
 cudaError_t RunFlashFwdSm90(const FlashFwdParams& p, cudaStream_t stream) {
+  Sm90Variant v;
+  Sm90VariantFromEnv(&v);  // invalid values were refused by FlashKernelFor
   if (p.dtype == DType::kBF16) {
-    return p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, stream)
-                            : DispatchBlock<128, __nv_bfloat16>(p, stream);
+    return p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, v, stream)
+                            : DispatchBlock<128, __nv_bfloat16>(p, v, stream);
   }
-  return p.head_dim == 64 ? DispatchBlock<64, __half>(p, stream)
-                          : DispatchBlock<128, __half>(p, stream);
+  return p.head_dim == 64 ? DispatchBlock<64, __half>(p, v, stream)
+                          : DispatchBlock<128, __half>(p, v, stream);
 }
 
 }  // namespace attnserve

@@ -15,6 +15,8 @@ namespace attnserve {
 
 inline constexpr const char kFlashKernelSm80[] = "sm80";  // flash_fwd (mma.sync), any sm_80+
 inline constexpr const char kFlashKernelSm90[] = "sm90";  // flash_fwd_sm90 (wgmma), sm_90a only
+// LastFlashKernelName() of an sm90 launch that ran the v2 (warp-specialized) kernel.
+inline constexpr const char kFlashKernelSm90V2[] = "sm90v2";
 
 // True when this build compiled the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES lists 90a).
 bool FlashFwdSm90Built();
@@ -34,8 +36,20 @@ bool CurrentDeviceIsSm90();
 // silent fallback). INVALID_ARGUMENT for any other value.
 absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& params);
 
+// Which sm90 kernel variant RunFlashFwdSm90 launches: ATTNSERVE_SM90_VARIANT (read per call) =
+// v1 (flash_fwd_sm90_kernel.cuh: all threads load with cp.async, __syncthreads per key tile) or
+// v2 (flash_fwd_sm90_v2_kernel.cuh: producer warp + per-stage mbarriers, setmaxnreg); unset or
+// empty: kSm90DefaultVariant. v2 exists for layout block 128 only: block 64 runs v1 either way.
+// FlashKernelFor returns INVALID_ARGUMENT for any other value.
+enum class Sm90Variant { kV1 = 1, kV2 = 2 };
+inline constexpr Sm90Variant kSm90DefaultVariant = Sm90Variant::kV1;
+// The variant named by the environment (nullopt-like: false when the value is invalid).
+bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value = nullptr);
+
 // The kernel of the most recent successful RunAttentionForward launch in this process
-// ("sm80" / "sm90"; "none" before the first): lets benches report what ran.
+// ("sm80" / "sm90" / "sm90v2"; "none" before the first): lets benches report what ran.
+// SetLastFlashKernelName(kFlashKernelSm90) records the variant that this thread's last
+// RunFlashFwdSm90 launched ("sm90" for v1, "sm90v2" for v2).
 const char* LastFlashKernelName();
 void SetLastFlashKernelName(const char* name);
 

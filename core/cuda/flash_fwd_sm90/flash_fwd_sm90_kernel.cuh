@@ -203,7 +203,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) FlashFwdSm90Kernel(const
   constexpr uint32_t kStageBytes = 2u * kTileBytes;
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int wg = tid / 128;           // consumer warpgroup: query rows [64 wg, 64 wg + 64)
+  // Warp-uniform by construction (a shuffle from lane 0): with a plain tid / 128 ptxas cannot prove
+  // the ping-pong branch below warp-uniform and serializes every wgmma (warning C7518).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // consumer warpgroup: rows [64 wg, +64)
   const int warp_in_wg = (tid % 128) / 32;
   const int lane = tid % 32;
   const int g = lane / 4;

@@ -12,10 +12,15 @@ namespace attnserve {
 template <int kHeadDim, int kBlock, typename Elem>
 cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream);
 
+// v2 (warp-specialized, flash_fwd_sm90_v2_kernel.cuh): layout block 128 only.
+template <int kHeadDim, typename Elem>
+cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream);
+
 }  // namespace attnserve
 
 #ifdef __CUDACC__
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v2_kernel.cuh"
 
 namespace attnserve {
 
@@ -23,6 +28,22 @@ template <int kHeadDim, int kBlock, typename Elem>
 cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90Traits<kHeadDim, kBlock, Elem>;
   auto kernel = &flash_sm90::FlashFwdSm90Kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(params.num_q_blocks),
+                  static_cast<unsigned>(params.num_heads),
+                  static_cast<unsigned>(params.batch * params.num_segs));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, typename Elem>
+cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream) {
+  using Traits = flash_sm90::Sm90V2Traits<kHeadDim, Elem>;
+  auto kernel = &flash_sm90::FlashFwdSm90V2Kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
