@@ -757,20 +757,26 @@ void Scheduler::FinishGroup(GroupRun& run) {
     }
   }
   if (status.ok()) {
+    // A ring's figures from its ranks' admitted (query, key) pairs (summed over batch and query
+    // heads): FLOPs per rank, and the fraction of token pairs skipped.
+    auto ring_figures = [&](const std::vector<int64_t>& admitted) {
+      const double d = static_cast<double>(s.head_dim);
+      double pairs = 0;
+      for (int r = 0; r < ranks && r < static_cast<int>(admitted.size()); ++r) {
+        run.flops[r] = 4.0 * d * static_cast<double>(admitted[r]);
+        pairs += static_cast<double>(admitted[r]);
+      }
+      const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
+                          static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
+      result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+    };
     if (run.placement == v1::PLACEMENT_RING && run.ring != nullptr) {
       absl::StatusOr<AttentionOutputs> out = run.ring->TakeOutputs();
       if (out.ok()) {
         result.outputs = *std::move(out);
-        const double d = static_cast<double>(s.head_dim);
-        double pairs = 0;
-        const std::vector<RingRankStats>& stats = run.ring->stats();
-        for (int r = 0; r < ranks && r < static_cast<int>(stats.size()); ++r) {
-          run.flops[r] = 4.0 * d * static_cast<double>(stats[r].admitted_pairs);
-          pairs += static_cast<double>(stats[r].admitted_pairs);
-        }
-        const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
-                            static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
-        result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+        std::vector<int64_t> admitted;
+        for (const RingRankStats& st : run.ring->stats()) admitted.push_back(st.admitted_pairs);
+        ring_figures(admitted);
       } else {
         status = out.status();
       }
@@ -789,16 +795,11 @@ void Scheduler::FinishGroup(GroupRun& run) {
                                    : absl::InternalError("GPU ring: no ring run");
       if (out.ok()) {
         result.outputs = *std::move(out);
-        const double d = static_cast<double>(s.head_dim);
-        double pairs = 0;
-        const std::vector<RingCudaRankStats> stats = run.cuda_ring->stats();
-        for (int r = 0; r < ranks && r < static_cast<int>(stats.size()); ++r) {
-          run.flops[r] = 4.0 * d * static_cast<double>(stats[r].admitted_pairs);
-          pairs += static_cast<double>(stats[r].admitted_pairs);
+        std::vector<int64_t> admitted;
+        for (const RingCudaRankStats& st : run.cuda_ring->stats()) {
+          admitted.push_back(st.admitted_pairs);
         }
-        const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_heads) *
-                            static_cast<double>(s.tokens) * static_cast<double>(s.tokens);
-        result.info.sparsity = full > 0 ? std::clamp(1.0 - pairs / full, 0.0, 1.0) : 0.0;
+        ring_figures(admitted);
       } else {
         status = out.status();
       }

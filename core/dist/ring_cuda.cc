@@ -417,6 +417,38 @@ absl::Status RingCudaRank::Run() {
 // back (the stream has period P*c and T is a multiple of it), so after a run the home pieces are
 // again in the slots, at base (slot_base_ + T) % (c + 1), and Run() can be repeated. P = 1: no
 // transfers, slot j holds piece j for good.
+absl::Status RingCudaRank::RunPiece(const RingPiece& piece, int64_t tick, size_t index,
+                                   const void* k, const void* v, int64_t kv_tokens,
+                                   int64_t o_tokens) {
+  RingPieceOperands ops;
+  ops.q = q_.get();
+  ops.k = k;
+  ops.v = v;
+  ops.o_acc = o_acc_.as<float>();
+  ops.lse = lse_.as<float>();
+  ops.o_tokens = o_tokens;
+  ops.q_tokens = shard_tokens();
+  ops.kv_tokens = kv_tokens;
+  ops.shape = shape_;
+  ops.dtype = dtype_;
+  ops.scale = scale_;
+  ops.block_size = plan_->block_size;
+  const auto [rp, ci] = piece_offsets_[tick][index];
+  ops.row_ptr = row_ptr_.as<int64_t>() + rp;
+  ops.col_idx = col_idx_.as<int32_t>() + ci;
+  ops.block_mask = mask_.as<uint8_t>() + ci;
+  const int64_t nb = NumBlocks(piece.q.size(), plan_->block_size);
+  ops.reverse_rows = reverse_rows_.as<int32_t>() + (reverse_rows_len_ - nb);
+  ops.cudnn = cudnn_;
+  ops.scratch_o = scratch_o_.get();
+  ops.scratch_lse = scratch_lse_.as<float>();
+  ops.scratch_rows = plan_->cudnn_scratch_rows;
+  bool on_cudnn = false;
+  ATTN_RETURN_IF_ERROR(LaunchRingPiece(piece, ops, stream_, &on_cudnn));
+  if (on_cudnn) ++cudnn_pieces_run_;
+  return absl::OkStatus();
+}
+
 absl::Status RingCudaRank::RunTicks() {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const int P = plan_->ranks, c = plan_->kv_pieces;
@@ -456,32 +488,7 @@ absl::Status RingCudaRank::RunTicks() {
     const std::byte* vbase = kbase + b * ns * hkv * d * es;
     for (size_t i = 0; i < step.pieces.size(); ++i) {
       const RingPiece& piece = step.pieces[i];
-      RingPieceOperands ops;
-      ops.q = q_.get();
-      ops.k = kbase;
-      ops.v = vbase;
-      ops.o_acc = o_acc_.as<float>();
-      ops.lse = lse_.as<float>();
-      ops.o_tokens = qch.tokens;
-      ops.q_tokens = nl;
-      ops.kv_tokens = ns;
-      ops.shape = shape_;
-      ops.dtype = dtype_;
-      ops.scale = scale_;
-      ops.block_size = plan_->block_size;
-      const auto [rp, ci] = piece_offsets_[k][i];
-      ops.row_ptr = row_ptr_.as<int64_t>() + rp;
-      ops.col_idx = col_idx_.as<int32_t>() + ci;
-      ops.block_mask = mask_.as<uint8_t>() + ci;
-      const int64_t nb = NumBlocks(piece.q.size(), plan_->block_size);
-      ops.reverse_rows = reverse_rows_.as<int32_t>() + (reverse_rows_len_ - nb);
-      ops.cudnn = cudnn_;
-      ops.scratch_o = scratch_o_.get();
-      ops.scratch_lse = scratch_lse_.as<float>();
-      ops.scratch_rows = plan_->cudnn_scratch_rows;
-      bool on_cudnn = false;
-      ATTN_RETURN_IF_ERROR(LaunchRingPiece(piece, ops, stream_, &on_cudnn));
-      if (on_cudnn) ++cudnn_pieces_run_;
+      ATTN_RETURN_IF_ERROR(RunPiece(piece, k, i, kbase, vbase, ns, qch.tokens));
     }
     if ((k + 1) % period == 0 && qch.tokens > 0) {
       // The chunk is final: its f32 rows -> O (input dtype), range by range, batch by batch.
@@ -536,31 +543,7 @@ absl::Status RingCudaRank::RunSteps() {
     const std::byte* vbase = kbase + b * ns * hkv * d * es;
     for (size_t i = 0; i < step.pieces.size(); ++i) {
       const RingPiece& piece = step.pieces[i];
-      RingPieceOperands ops;
-      ops.q = q_.get();
-      ops.k = kbase;
-      ops.v = vbase;
-      ops.o_acc = o_acc_.as<float>();
-      ops.lse = lse_.as<float>();
-      ops.q_tokens = nl;
-      ops.kv_tokens = ns;
-      ops.shape = shape_;
-      ops.dtype = dtype_;
-      ops.scale = scale_;
-      ops.block_size = plan_->block_size;
-      const auto [rp, ci] = piece_offsets_[t][i];
-      ops.row_ptr = row_ptr_.as<int64_t>() + rp;
-      ops.col_idx = col_idx_.as<int32_t>() + ci;
-      ops.block_mask = mask_.as<uint8_t>() + ci;
-      const int64_t nb = NumBlocks(piece.q.size(), plan_->block_size);
-      ops.reverse_rows = reverse_rows_.as<int32_t>() + (reverse_rows_len_ - nb);
-      ops.cudnn = cudnn_;
-      ops.scratch_o = scratch_o_.get();
-      ops.scratch_lse = scratch_lse_.as<float>();
-      ops.scratch_rows = plan_->cudnn_scratch_rows;
-      bool on_cudnn = false;
-      ATTN_RETURN_IF_ERROR(LaunchRingPiece(piece, ops, stream_, &on_cudnn));
-      if (on_cudnn) ++cudnn_pieces_run_;
+      ATTN_RETURN_IF_ERROR(RunPiece(piece, t, i, kbase, vbase, ns, /*o_tokens=*/0));
     }
     if (transfer.valid()) {
       ATTN_RETURN_IF_ERROR(comm_->Wait(std::move(transfer), wait));

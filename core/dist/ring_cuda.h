@@ -176,6 +176,10 @@ class RingCudaRank {
                     CachingAllocator* alloc, cudaStream_t stream);
   absl::Status RunSteps();
   absl::Status RunTicks();  // lean schedule (q_chunks or kv_pieces > 1)
+  // Piece `index` of tick `tick` against the K/V at k/v (kv_tokens rows), merged into the
+  // accumulators: o_acc covers o_tokens rows (lean: one query chunk) or, for 0, the whole shard.
+  absl::Status RunPiece(const RingPiece& piece, int64_t tick, size_t index, const void* k,
+                        const void* v, int64_t kv_tokens, int64_t o_tokens);
   int64_t PieceBytes(int source, int piece) const;  // packed [K | V] bytes of a K/V piece
   void* Slot(int i) const { return slots_[i].get(); }
   int64_t KvBytes(int source) const;  // packed [K | V] bytes of source's shard
