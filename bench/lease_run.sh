@@ -2,10 +2,11 @@
 # One 2-GPU lease (nvidia-h200-x2), after `source .gpu-bundle/env.sh`: correctness of everything new
 # first, then the figures the open issues ask for. Usage: OUT=<dir> bash bench/lease_run.sh [parts]
 # parts (default "kernel sparse ring longest service scaling"):
-#   kernel   flash_sm90_test (the wgmma kernel forced, vs the float64 reference); cudnn_sdpa_test's
-#            piece tests; cuda_attention_test through the default dispatch. When flash_sm90_test
-#            fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
-#   sparse   bench/sm90_check.sh's bench half (sm80 vs sm90) and attnbench_cuda + compare_torch.py
+#   kernel   flash_sm90_test once per sm90 variant ($LEASE_VARIANTS, default "v1 v2"; the wgmma
+#            kernel forced, vs the float64 reference); cudnn_sdpa_test's piece tests;
+#            cuda_attention_test through the default dispatch with each variant that passed. When
+#            v1 fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
+#   sparse   attnbench_cuda on sm80 and on each sm90 variant that passed, then compare_torch.py
 #            (PyTorch SDPA flash/cuDNN and FlexAttention on the same CSR) for dense N=16384 and
 #            block-sparse N=65536
 #   ring     ring_cuda_test (lean schedule, RingCudaRun, cuDNN pieces), dilated_ring_cuda_test
@@ -35,7 +36,8 @@ if has kernel; then
   D="$R/kernel"; mkdir -p "$D"
   # The Hopper kernel, one process per variant (a hang in one cannot lose the other's results).
   V2_OK=0
-  for V in v1 v2; do
+  VARIANTS_OK=""
+  for V in ${LEASE_VARIANTS:-v1 v2}; do
     CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_TEST_VARIANTS=$V timeout -k 5 120 "$BIN/flash_sm90_test" \
       --gtest_color=no --gtest_output="json:$D/flash_sm90_test_$V.json" > "$D/flash_sm90_test_$V.log" 2>&1
     rc=$?
@@ -46,12 +48,12 @@ if has kernel; then
       say "flash_sm90_test (v1) failed: ATTNSERVE_FLASH_KERNEL=sm80 for everything below"
     fi
     [ $V = v2 ] && [ $rc -eq 0 ] && V2_OK=1
+    [ $rc -eq 0 ] && VARIANTS_OK="$VARIANTS_OK $V"
   done
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 60 "$BIN/cudnn_sdpa_test" --gtest_color=no \
     --gtest_filter='*Piece*:CudnnSdpaTest*' > "$D/cudnn_sdpa_test.log" 2>&1
   say "cudnn_sdpa_test rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/cudnn_sdpa_test.log" | tr '\n' ' ')"
-  VARIANTS=v1; [ $V2_OK = 1 ] && VARIANTS="v1 v2"
-  for V in $VARIANTS; do
+  for V in $VARIANTS_OK; do
     CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_VARIANT=$V timeout -k 5 90 "$BIN/cuda_attention_test" \
       --gtest_color=no > "$D/cuda_attention_test_$V.log" 2>&1
     say "cuda_attention_test (kernel ${ATTNSERVE_FLASH_KERNEL:-auto}, sm90 $V) rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/cuda_attention_test_$V.log" | tr '\n' ' ' | cut -c1-300)"
@@ -62,7 +64,8 @@ fi
 if has sparse; then
   D="$R/sparse"; mkdir -p "$D" /tmp/attn_csr
   CASES=dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99
-  RUNS="sm80:v1 sm90:v1"; [ "${V2_OK:-1}" = 1 ] && RUNS="$RUNS sm90:v2"
+  RUNS="sm80:v1"
+  for V in ${VARIANTS_OK:-v1 v2}; do RUNS="$RUNS sm90:$V"; done
   for KV in $RUNS; do
     K=${KV%%:*}; V=${KV##*:}; TAG=$K; [ $K = sm90 ] && TAG=sm90$V
     CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_VARIANT=$V timeout -k 5 50 "$BIN/attnbench_cuda" --kernel="$K" \
@@ -72,7 +75,8 @@ if has sparse; then
     cat "$D/bench_$TAG.md" >> "$SUMMARY" 2>/dev/null
   done
   # FlexAttention / PyTorch SDPA on the same cases and CSR, in the same lease.
-  CUDA_VISIBLE_DEVICES=0 timeout -k 5 100 "$PY" bench/compare_torch.py --ours="$D/bench_sm90v1.json" \
+  OURS="$D/bench_sm90v2.json"; [ -f "$OURS" ] || OURS="$D/bench_sm90v1.json"
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 100 "$PY" bench/compare_torch.py --ours="$OURS" \
     --csr_dir=/tmp/attn_csr --json="$D/compare.json" --md="$D/compare.md" --cbm_timeout=30 \
     >> "$D/bench.log" 2>&1
   say "compare_torch.py rc=$?"
