@@ -8,9 +8,12 @@
 //   rectangular CSR pieces with seqlen_k != seqlen and global position offsets (ring pieces), all
 //   three mask kinds, accumulate mode merging two key pieces;
 // - sm90 vs sm80 on N = 16384 (dense causal, block-sparse 90% skipped).
-// Every sm90 run is done once per kernel variant (ATTNSERVE_SM90_VARIANT = v1, v2; v2 is the
-// warp-specialized kernel, layout block 128 only: block 64 runs v1 under either), against the
-// same reference, and checks which variant ran (LastFlashKernelName "sm90" / "sm90v2").
+// Every sm90 run is done once per kernel variant (ATTNSERVE_SM90_VARIANT = v1, v2, v3; v2 is the
+// warp-specialized kernel, v3 its persistent form, both layout block 128 only: block 64 runs v1
+// under any), against the same reference, and checks which variant ran (LastFlashKernelName
+// "sm90" / "sm90v2" / "sm90v3"). The spec and piece cases run v3 with its grid capped at
+// kV3TestCtas CTAs (ATTNSERVE_SM90_V3_MAX_CTAS), so that each CTA runs many work items of
+// different lengths (empty CSR rows included) back to back; the large cases run the full grid.
 // Outputs are poisoned (0xFF bytes = NaN) before every launch; inputs are fresh seeded uniforms.
 // Skips where there is no GPU, the GPU is not compute capability 9.x, or the build lacks sm_90a.
 #include <cuda_runtime.h>
@@ -74,15 +77,16 @@ class ScopedKernel : public ScopedEnv {
   explicit ScopedKernel(const char* value) : ScopedEnv("ATTNSERVE_FLASH_KERNEL", value) {}
 };
 
-// The sm90 kernel variants every sm90 case runs with (ATTNSERVE_SM90_VARIANT): v1 and v2, or the
+// The sm90 kernel variants every sm90 case runs with (ATTNSERVE_SM90_VARIANT): v1, v2, v3, or the
 // comma-separated subset in ATTNSERVE_SM90_TEST_VARIANTS (bench/sm90_check.sh runs one process
 // per variant, so that a hang in one cannot cost the other's results).
 std::vector<const char*> TestVariants() {
   const char* env = std::getenv("ATTNSERVE_SM90_TEST_VARIANTS");
-  const std::string list = env != nullptr && *env != '\0' ? env : "v1,v2";
+  const std::string list = env != nullptr && *env != '\0' ? env : "v1,v2,v3";
   std::vector<const char*> out;
   if (list.find("v1") != std::string::npos) out.push_back("v1");
   if (list.find("v2") != std::string::npos) out.push_back("v2");
+  if (list.find("v3") != std::string::npos) out.push_back("v3");
   return out;
 }
 bool TestsVariant(const char* variant) {
@@ -93,10 +97,17 @@ bool TestsVariant(const char* variant) {
 }
 
 // LastFlashKernelName() expected for a forced-sm90 launch of `variant` at layout block `block`
-// (v2 exists for block 128 only).
+// (v2 and v3 exist for block 128 only).
 const char* ExpectedSm90Name(const std::string& variant, int block) {
-  return variant == "v2" && block == 128 ? kFlashKernelSm90V2 : kFlashKernelSm90;
+  if (block != 128) return kFlashKernelSm90;
+  if (variant == "v2") return kFlashKernelSm90V2;
+  if (variant == "v3") return kFlashKernelSm90V3;
+  return kFlashKernelSm90;
 }
+
+// v3's grid cap in the spec and piece cases (ATTNSERVE_SM90_V3_MAX_CTAS): few CTAs, many items
+// each (an odd count, so that items land on CTAs in shifting phases of the K/V ring).
+constexpr char kV3TestCtas[] = "3";
 
 #define SKIP_WITHOUT_SM90()                                                              \
   do {                                                                                   \
@@ -180,9 +191,10 @@ class FlashSm90SpecTest : public ::testing::TestWithParam<Case> {};
 // Runs the plan with the kernel forced; returns host O and LSE. Records which kernel ran.
 void RunPlan(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
              HostTensor& o, HostTensor& lse, const char* kernel, std::string* ran,
-             const char* variant = "v1") {
+             const char* variant = "v1", const char* v3_max_ctas = kV3TestCtas) {
   ScopedKernel env(kernel);
   ScopedEnv var("ATTNSERVE_SM90_VARIANT", variant);
+  ScopedEnv ctas("ATTNSERVE_SM90_V3_MAX_CTAS", v3_max_ctas);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   CachingAllocator alloc(0);
   cudaStream_t stream;
@@ -235,10 +247,10 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
     if (std::string(variant) == "v1") {
       EXPECT_EQ(ran, kFlashKernelSm90);
     } else if (c.name.rfind("bs128_", 0) == 0) {
-      EXPECT_EQ(ran, kFlashKernelSm90V2);  // layout block 128: the v2 kernel
+      EXPECT_EQ(ran, ExpectedSm90Name(variant, 128));  // layout block 128: the v2 / v3 kernel
     } else {
-      // The plan picks the block of dense / window / dilated specs: v2 at 128, v1 at 64.
-      EXPECT_TRUE(ran == kFlashKernelSm90V2 || ran == kFlashKernelSm90) << ran;
+      // The plan picks the block of dense / window / dilated specs: v2 / v3 at 128, v1 at 64.
+      EXPECT_TRUE(ran == ExpectedSm90Name(variant, 128) || ran == kFlashKernelSm90) << ran;
     }
     const ErrorStats e = CompareToReference(*ref, *o, &*lse);
     EXPECT_EQ(e.nonfinite, 0) << "unwritten or non-finite outputs";
@@ -523,6 +535,7 @@ TEST_P(FlashSm90PieceTest, RectangularPiecesWithOffsets) {
   for (const char* variant : TestVariants()) {
     SCOPED_TRACE(absl::StrCat("ATTNSERVE_SM90_VARIANT=", variant));
     ScopedEnv var("ATTNSERVE_SM90_VARIANT", variant);
+    ScopedEnv ctas("ATTNSERVE_SM90_V3_MAX_CTAS", kV3TestCtas);
     {
       std::vector<float> ninf(n * hq, -std::numeric_limits<float>::infinity());
       ASSERT_EQ(cudaMemcpy(dlse->get(), ninf.data(), ninf.size() * 4, cudaMemcpyHostToDevice),
@@ -608,10 +621,10 @@ TEST(FlashSm90DispatchTest, ForcedUnsupportedIsUnimplemented) {
   }
   {
     ScopedKernel env("sm80");
-    ScopedEnv var("ATTNSERVE_SM90_VARIANT", "v3");
+    ScopedEnv var("ATTNSERVE_SM90_VARIANT", "v4");
     EXPECT_EQ(FlashKernelFor(p).status().code(), absl::StatusCode::kInvalidArgument);
   }
-  for (const char* v : {"v1", "v2", ""}) {
+  for (const char* v : {"v1", "v2", "v3", ""}) {
     ScopedEnv var("ATTNSERVE_SM90_VARIANT", v);
     Sm90Variant variant;
     EXPECT_TRUE(Sm90VariantFromEnv(&variant)) << v;
@@ -636,11 +649,13 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     c.shape = shape;
     c.dtype = DType::kBF16;
     SCOPED_TRACE(c.name);
-    // sm80, sm90 v1, sm90 v2; each sm90 variant is compared with sm80.
-    constexpr int kRuns = 3;
+    // sm80, sm90 v1, sm90 v2, sm90 v3 (full persistent grid); each sm90 variant is compared
+    // with sm80.
+    constexpr int kRuns = 4;
     HostTensor o[kRuns], lse[kRuns];
-    const char* kernels[kRuns] = {kFlashKernelSm80, kFlashKernelSm90, kFlashKernelSm90};
-    const char* variants[kRuns] = {"v1", "v1", "v2"};
+    const char* kernels[kRuns] = {kFlashKernelSm80, kFlashKernelSm90, kFlashKernelSm90,
+                                  kFlashKernelSm90};
+    const char* variants[kRuns] = {"v1", "v1", "v2", "v3"};
     for (int i = 0; i < kRuns; ++i) {
       if (i > 0 && !TestsVariant(variants[i])) continue;
       auto ot = HostTensor::Create(DType::kBF16, {1, shape.tokens, shape.q_heads, 128});
@@ -649,14 +664,15 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
       o[i] = std::move(*ot);
       lse[i] = std::move(*lt);
       std::string ran;
-      RunPlan(c, in.q, in.k, in.v, o[i], lse[i], kernels[i], &ran, variants[i]);
+      RunPlan(c, in.q, in.k, in.v, o[i], lse[i], kernels[i], &ran, variants[i], "0");
       if (HasFatalFailure()) return;
       if (i < 2) {
         EXPECT_EQ(ran, kernels[i]);
       } else {
-        EXPECT_TRUE(ran == kFlashKernelSm90V2 || ran == kFlashKernelSm90) << ran;
+        const char* wide = ExpectedSm90Name(variants[i], 128);
+        EXPECT_TRUE(ran == wide || ran == kFlashKernelSm90) << ran;
         if (c.name.rfind("bs128_", 0) == 0) {
-          EXPECT_EQ(ran, kFlashKernelSm90V2);
+          EXPECT_EQ(ran, wide);
         }
       }
     }

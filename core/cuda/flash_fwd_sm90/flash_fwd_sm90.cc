@@ -22,12 +22,41 @@ thread_local const char* t_last_sm90 = kFlashKernelSm90;
 // Per device: 0 unknown, 1 compute capability 9.x, 2 other.
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> g_is_sm90{};
+// Per device: multiprocessor count (0 unknown), for v3's persistent grid.
+std::array<std::atomic<int>, kMaxDevices> g_num_sms{};
+
+int NumSmsOfCurrentDevice() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+  if (dev >= 0 && dev < kMaxDevices) {
+    const int cached = g_num_sms[dev].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int sms = 0;
+  if (dev < 0 ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms <= 0) {
+    sms = 132;  // H100 SXM / H200; only a grid size (any value is correct)
+  }
+  if (dev >= 0 && dev < kMaxDevices) g_num_sms[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
 
 template <int kHeadDim, typename Elem>
 cudaError_t DispatchBlock(const FlashFwdParams& p, Sm90Variant variant, cudaStream_t stream) {
   if (p.block_size == 64) {
-    t_last_sm90 = kFlashKernelSm90;  // no v2 for block 64
+    t_last_sm90 = kFlashKernelSm90;  // no v2 / v3 for block 64
     return RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream);
+  }
+  if (variant == Sm90Variant::kV3) {
+    t_last_sm90 = kFlashKernelSm90V3;
+    int ctas = NumSmsOfCurrentDevice();
+    // Test knob: cap the persistent grid (more work items per CTA). 0 / unset / invalid: none.
+    if (const char* cap = std::getenv("ATTNSERVE_SM90_V3_MAX_CTAS"); cap != nullptr) {
+      const int c = std::atoi(cap);
+      if (c > 0 && c < ctas) ctas = c;
+    }
+    return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, stream);
   }
   if (variant == Sm90Variant::kV2) {
     t_last_sm90 = kFlashKernelSm90V2;
@@ -92,6 +121,8 @@ bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value) {
     *variant = Sm90Variant::kV1;
   } else if (v == "v2") {
     *variant = Sm90Variant::kV2;
+  } else if (v == "v3") {
+    *variant = Sm90Variant::kV3;
   } else {
     if (bad_value != nullptr) *bad_value = std::string(v);
     *variant = kSm90DefaultVariant;
@@ -106,7 +137,7 @@ absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& p) {
     std::string bad;
     if (!Sm90VariantFromEnv(&variant, &bad)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("ATTNSERVE_SM90_VARIANT: expected v1 or v2, got '", bad, "'"));
+          absl::StrCat("ATTNSERVE_SM90_VARIANT: expected v1, v2 or v3, got '", bad, "'"));
     }
   }
   const char* env = std::getenv("ATTNSERVE_FLASH_KERNEL");

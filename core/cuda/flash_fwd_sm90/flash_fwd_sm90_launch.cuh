@@ -16,11 +16,17 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream);
 
+// v3 (persistent v2, flash_fwd_sm90_v3_kernel.cuh): layout block 128 only; grid = min(num_sms,
+// work items).
+template <int kHeadDim, typename Elem>
+cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, cudaStream_t stream);
+
 }  // namespace attnserve
 
 #ifdef __CUDACC__
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v2_kernel.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v3_kernel.cuh"
 
 namespace attnserve {
 
@@ -53,6 +59,24 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
                   static_cast<unsigned>(params.batch * params.num_segs));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, typename Elem>
+cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, cudaStream_t stream) {
+  using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
+  auto kernel = &flash_sm90::FlashFwdSm90V3Kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const long long items = static_cast<long long>(params.num_q_blocks) * params.num_heads *
+                          params.batch * params.num_segs;
+  if (items <= 0) return cudaSuccess;
+  if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel
+  const unsigned grid =
+      static_cast<unsigned>(items < num_sms ? items : static_cast<long long>(num_sms));
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items));
   return cudaGetLastError();
 }
 
