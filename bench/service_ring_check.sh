@@ -24,8 +24,12 @@ pass() { echo "PASS: $*" | tee -a "$OUT/summary.md"; }
 : > "$OUT/summary.md"
 rm -f "$OUT/port" "$OUT/mport"
 
-stamp "start attnserve --backend cuda --devices 0,1"
-timeout -k 5 170 "$BIN/attnserve" --backend cuda --devices 0,1 --listen 127.0.0.1:0 \
+# ATTN_DEVICES: the GPUs to serve (default 0,1); every check below covers each of them.
+DEVICES=${ATTN_DEVICES:-0,1}
+DEVLIST=$(echo "$DEVICES" | sed 's/\([0-9]\+\)/cuda:\1/g; s/,/, /g')
+export ATTN_DEVLIST="$DEVLIST"
+stamp "start attnserve --backend cuda --devices $DEVICES"
+timeout -k 5 170 "$BIN/attnserve" --backend cuda --devices "$DEVICES" --listen 127.0.0.1:0 \
   --port-file "$OUT/port" --metrics-listen 127.0.0.1:0 --metrics-port-file "$OUT/mport" \
   > "$OUT/attnserve.log" 2>&1 &
 SPID=$!
@@ -53,7 +57,7 @@ for i in 1 2; do
   cat "$OUT/run$i.log" >> "$OUT/attnctl.log"; echo "rc=$rc" >> "$OUT/attnctl.log"
   if [ $rc -ne 0 ]; then fail "ring request $i: attnctl rc=$rc"; continue; fi
   grep -q "placement ring" "$OUT/run$i.log" || fail "ring request $i: response placement is not ring"
-  grep -q "cuda:0, cuda:1" "$OUT/run$i.log" || fail "ring request $i: devices are not cuda:0, cuda:1"
+  grep -q "$DEVLIST" "$OUT/run$i.log" || fail "ring request $i: devices are not $DEVLIST"
   grep -q "PASS" "$OUT/run$i.log" && pass "ring request $i matches the reference" \
     || fail "ring request $i: --check did not pass"
 done
@@ -118,7 +122,8 @@ def check(ok, what):
 g = sample("attnserve_nccl_groups_created_total")
 check(g == 1, f"attnserve_nccl_groups_created_total = {g} (1: the second ring reused the group)")
 peaks = {}
-for d in ("cuda:0", "cuda:1"):
+import os
+for d in os.environ.get("ATTN_DEVLIST", "cuda:0, cuda:1").split(", "):
     c = sample("attnserve_nccl_communicators_created_total", device=d)
     check(c == 1, f"attnserve_nccl_communicators_created_total{{device={d}}} = {c} (1: reused)")
     p = sample("attnserve_device_memory_peak_bytes", device=d) or 0
@@ -139,7 +144,8 @@ PY
 n=$(grep -c "new NCCL group" "$OUT/attnserve.log")
 [ "$n" -eq 1 ] && pass "log: 'new NCCL group' once" || fail "log: 'new NCCL group' $n times (want 1)"
 n=$(grep -c "NCCL communicator rank" "$OUT/attnserve.log")
-[ "$n" -eq 2 ] && pass "log: 2 communicators created" || fail "log: $n communicators created (want 2)"
+NDEV=$(echo "$DEVICES" | tr ',' '\n' | wc -l)
+[ "$n" -eq "$NDEV" ] && pass "log: $NDEV communicators created" || fail "log: $n communicators created (want $NDEV)"
 stamp "done, failed=$FAILED"
 cat "$OUT/summary.md"
 exit $FAILED
