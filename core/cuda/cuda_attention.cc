@@ -143,6 +143,7 @@ struct CudaAttentionPlan::Layout {
   DeviceBuffer col_idx;    // int32 [kept]
   DeviceBuffer mask;       // uint8 [kept]
   DeviceBuffer row_order;  // int32 [nb], heavy rows first (may be empty)
+  int64_t kept_blocks = 0;  // CSR entries
 };
 
 // A dilated branch needs no gather: the positions of group o in segment t are the arithmetic
@@ -287,6 +288,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
     std::vector<int32_t> order = HeavyFirstOrder(bl->row_ptr);
     std::vector<uint8_t> mask(bl->mask.size());
     for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(bl->mask[i]);
+    layout->kept_blocks = bl->kept_blocks();
     ATTN_ASSIGN_OR_RETURN(layout->row_ptr, Upload(alloc, bl->row_ptr, stream));
     ATTN_ASSIGN_OR_RETURN(layout->col_idx, Upload(alloc, bl->col_idx, stream));
     ATTN_ASSIGN_OR_RETURN(layout->mask, Upload(alloc, mask, stream));
@@ -376,6 +378,7 @@ absl::Status CudaAttentionPlan::RunLayout(const void* q, const void* k, const vo
     p.row_ptr = layout_->row_ptr.as<int64_t>();
     p.col_idx = layout_->col_idx.as<int32_t>();
     p.block_mask = layout_->mask.as<uint8_t>();
+    p.kept_blocks_hint = layout_->kept_blocks;
     p.rule_causal = layout_->rule.causal;
     p.rule_window = layout_->rule.window ? *layout_->rule.window : -1;
   }

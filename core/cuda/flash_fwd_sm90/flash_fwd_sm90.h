@@ -49,6 +49,9 @@ enum class Sm90Variant { kV1 = 1, kV2 = 2, kV3 = 3 };
 // v2 by measurement (H200, 2026-11-22): dense 447 vs 366 TFLOP/s, block-sparse 90% 8.25 vs 9.71 ms;
 // both pass every test against the reference (bench/results/h200x2-2026-11-22b/lease3).
 inline constexpr Sm90Variant kSm90DefaultVariant = Sm90Variant::kV2;
+// With ATTNSERVE_SM90_VARIANT unset, a CSR layout (block 128) averaging at most this many kept key
+// blocks per row (FlashFwdParams::kept_blocks_hint) runs on v3 instead of the default.
+inline constexpr int64_t kSm90ShortRowBlocks = 8;
 // The variant named by the environment (nullopt-like: false when the value is invalid).
 bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value = nullptr);
 
