@@ -347,6 +347,15 @@ def throughput_dashboard():
           "{{device}} {{direction}}")],
         "Bps", minimum=0,
         description="Ring attention K/V traffic between devices."))
+    p.append(timeseries(
+        L, "NCCL groups / communicators created",
+        [('sum(increase(attnserve_nccl_groups_created_total{%s}[5m]))' % SEL_I, "groups"),
+         ('sum by (device) (increase(attnserve_nccl_communicators_created_total{%s}[5m]))'
+          % SEL_ID, "{{device}} communicators")],
+        "short", minimum=0,
+        description="GPU rings reuse cached NCCL communicators: after the first ring over a set of "
+                    "GPUs these stay at 0. Steady increases mean groups are being rebuilt after "
+                    "failures (aborts, timeouts, cancels)."))
     p.append(L.row("Requests"))
     p.append(timeseries(
         L, "Requests/s by code",
