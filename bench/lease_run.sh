@@ -6,9 +6,12 @@
 #            kernel forced, vs the float64 reference); cudnn_sdpa_test's piece tests;
 #            cuda_attention_test through the default dispatch with each variant that passed. When
 #            v1 fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
-#   sparse   attnbench_cuda on sm80 and on each sm90 variant that passed, then compare_torch.py
-#            (PyTorch SDPA flash/cuDNN and FlexAttention on the same CSR) for dense N=16384 and
-#            block-sparse N=65536
+#   sparse   attnbench_cuda on sm80, on each sm90 variant that passed, on the automatic choice
+#            (no variant set), and on the extra runs in $LEASE_EXTRA_RUNS ("variant:order ...",
+#            order = ATTNSERVE_SM90_V3_ORDER), then compare_torch.py (PyTorch SDPA flash/cuDNN and
+#            FlexAttention on the same CSR) for dense N=16384 and block-sparse N=65536
+#   profile  ncu (if present; clocks left alone) on the 99%-skipped cases, one launch per variant
+#            in $LEASE_PROFILE_VARIANTS: DRAM / L2 throughput, L2 hit rate, tensor pipe use
 #   ring     ring_cuda_test (lean schedule, RingCudaRun, cuDNN pieces), dilated_ring_cuda_test
 #   longest  bench/longest_ring.sh (longest dense causal, 1 GPU vs ring, 4 GiB per GPU)
 #   service  bench/service_ring_check.sh (attnserve on both GPUs, ring requests, /metrics)
@@ -64,14 +67,18 @@ fi
 if has sparse; then
   D="$R/sparse"; mkdir -p "$D" /tmp/attn_csr
   CASES=dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99
-  RUNS="sm80:v1"
-  for V in ${VARIANTS_OK:-v1 v2}; do RUNS="$RUNS sm90:$V"; done
-  for KV in $RUNS; do
-    K=${KV%%:*}; V=${KV##*:}; TAG=$K; [ $K = sm90 ] && TAG=sm90$V
-    CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_VARIANT=$V timeout -k 5 50 "$BIN/attnbench_cuda" --kernel="$K" \
-      --cases="$CASES" --warmup=3 --iters=20 --csr_dir=/tmp/attn_csr --json="$D/bench_$TAG.json" \
-      --md="$D/bench_$TAG.md" >> "$D/bench.log" 2>&1
-    say "attnbench_cuda --kernel=$K (sm90 $V) rc=$?"
+  RUNS="sm80:v1:"
+  for V in ${VARIANTS_OK:-v1 v2}; do RUNS="$RUNS sm90:$V:"; done
+  RUNS="$RUNS sm90:auto:"
+  for X in ${LEASE_EXTRA_RUNS:-}; do RUNS="$RUNS sm90:$X"; done
+  for KVO in $RUNS; do
+    K=${KVO%%:*}; VO=${KVO#*:}; V=${VO%%:*}; O=${VO#*:}
+    TAG=$K; [ $K = sm90 ] && TAG=sm90$V$O
+    VE=$V; [ $V = auto ] && VE=
+    CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_VARIANT=$VE ATTNSERVE_SM90_V3_ORDER=$O timeout -k 5 50 \
+      "$BIN/attnbench_cuda" --kernel="$K" --cases="$CASES" --warmup=3 --iters=20 \
+      --csr_dir=/tmp/attn_csr --json="$D/bench_$TAG.json" --md="$D/bench_$TAG.md" >> "$D/bench.log" 2>&1
+    say "attnbench_cuda --kernel=$K (sm90 variant ${V}, order ${O:-default}) rc=$?"
     cat "$D/bench_$TAG.md" >> "$SUMMARY" 2>/dev/null
   done
   # FlexAttention / PyTorch SDPA on the same cases and CSR, in the same lease.
@@ -84,6 +91,22 @@ if has sparse; then
   pack sparse
 fi
 
+if has profile && command -v ncu > /dev/null; then
+  D="$R/profile"; mkdir -p "$D" /tmp/attn_csr
+  M=dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+  for V in ${LEASE_PROFILE_VARIANTS:-v2 v4}; do
+    for C in sparse_random_s99 sparse_local_window_s99; do
+      CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_VARIANT=$V timeout -k 5 60 ncu --clock-control none \
+        --kernel-name regex:FlashFwdSm90 --launch-skip 1 --launch-count 1 --metrics "$M" --csv \
+        "$BIN/attnbench_cuda" --kernel=sm90 --cases=$C --warmup=1 --iters=1 --csr_dir=/tmp/attn_csr \
+        > "$D/ncu_${V}_$C.csv" 2> "$D/ncu_${V}_$C.err"
+      say "ncu $V $C rc=$?"
+      grep -E '"(dram|lts|sm__|gpu__)' "$D/ncu_${V}_$C.csv" | awk -F'","' '{print $(NF-2), $NF}' \
+        | tr -d '"' | head -8 >> "$SUMMARY"
+    done
+  done
+  pack profile
+fi
 if has ring; then
   D="$R/ring"; mkdir -p "$D"
   timeout -k 5 200 "$BIN/ring_cuda_test" --gtest_color=no > "$D/ring_cuda_test.log" 2>&1

@@ -17,9 +17,13 @@ template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream);
 
 // v3 (persistent v2, flash_fwd_sm90_v3_kernel.cuh): layout block 128 only; grid = min(num_sms,
-// work items).
+// work items). pos_major: work items ordered by query-block position first (heavy-first across
+// heads), else by head first (K/V of one head shared in L2 by the CTAs running together).
+// q_regs: the v4 form of the kernel (Q copied to registers at each item's start, so the next
+// item's Q loads during this one; ping-pong over the CTA's whole tile sequence).
 template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, cudaStream_t stream);
+cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
+                                  bool q_regs, cudaStream_t stream);
 
 }  // namespace attnserve
 
@@ -63,9 +67,11 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 }
 
 template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, cudaStream_t stream) {
+cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
+                                  bool q_regs, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
-  auto kernel = &flash_sm90::FlashFwdSm90V3Kernel<Traits>;
+  auto kernel = q_regs ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true>
+                       : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -76,7 +82,7 @@ cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, cud
   if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel
   const unsigned grid =
       static_cast<unsigned>(items < num_sms ? items : static_cast<long long>(num_sms));
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items));
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items), pos_major);
   return cudaGetLastError();
 }
 

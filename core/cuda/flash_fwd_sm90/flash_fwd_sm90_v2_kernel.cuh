@@ -106,6 +106,12 @@ __device__ __forceinline__ void SetMaxNregDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte aligned global address; no data
+// reaches the issuing thread and nothing waits for it.
+__device__ __forceinline__ void PrefetchL2Bulk(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // One warp loads rows [row0, row0 + kRows) of a (., kHeadDim) matrix into a swizzled tile
 // (rows at or past `limit` zero-filled, never read): lane = (row within a group, 16-byte chunk).
 template <int kRows, int kChunks, typename Elem>
@@ -211,10 +217,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // no tile's publication waits for a later tile's issue or for a stage release.
       for (int e = warp; e < count; e += kProducerWarps) {
         const int stage = e % kStages;
-        // Reuse: the consumers released this stage's previous tile (e - kStages).
-        if (e >= kStages) {
-          MbarWait(bar_empty + 8 * stage, static_cast<uint32_t>((e / kStages + 1) & 1));
-        }
+        // The tile's CSR entry is read before the stage wait, so its latency overlaps it.
         int blk, mask;
         if (p.col_idx != nullptr) {
           blk = p.col_idx[begin + e];
@@ -222,6 +225,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         } else {
           blk = e;
           mask = (p.dense_causal && e == row) ? 1 : 0;
+        }
+        // Reuse: the consumers released this stage's previous tile (e - kStages).
+        if (e >= kStages) {
+          MbarWait(bar_empty + 8 * stage, static_cast<uint32_t>((e / kStages + 1) & 1));
         }
         if (lane == 0) {
           meta[2 * stage] = blk;

@@ -3,9 +3,15 @@
 // Same roles, math, tile layout, register split and per-stage protocol as v2; what changes:
 // - Grid = min(#SMs, #work items), one CTA per SM. A work item is (query-block row, head,
 //   batch * seg) of the space v2's grid enumerates; CTA b runs items b, b + gridDim.x, ...
-//   Item index -> (position, head, z) with the position slowest, so row_order (heavy rows first)
-//   orders the whole item list, not each head's share of it. Without row_order the implicit
-//   causal layout is walked from the last row (heaviest) down; other layouts in row order.
+//   Two item orders (kernel argument `pos_major`, chosen by the launcher):
+//   - position-major (implicit dense / causal layouts): item -> (position, head, z) with the
+//     position slowest, so the heavy-first walk (the implicit causal layout from its last row
+//     down, or row_order) orders the whole item list, not each head's share of it;
+//   - head-major (CSR layouts): item -> (head, z) slowest, position fastest (row_order within a
+//     head), as v2's grid enumerates its CTAs. The CTAs running at one time then read the K/V
+//     of one head (32 MB at N = 65536, D = 128), which stays in L2, and not of every head
+//     (position-major: 16 heads' K/V, 512 MB, is streamed from HBM again by each of the ~5 rows
+//     that keep a block when the layout is random).
 // - The K/V ring continues across items: every tile of the CTA has a global index G (tiles of
 //   earlier items of this CTA + e); stage = G % kStages, full/empty parity from G / kStages, and
 //   producer warp G % kProducerWarps loads it. No barrier is ever re-initialised.
@@ -52,10 +58,17 @@ struct Sm90V3Traits : Sm90V2Traits<kHeadDim_, Elem_> {
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
 // Work item -> (query-block row, head index (grid.y of v2), z = batch * num_segs + seg).
-__device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz, int& row,
-                                           int& y, int& z) {
-  const int pos = item / hz;
-  const int rem = item - pos * hz;
+__device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz,
+                                           bool pos_major, int& row, int& y, int& z) {
+  int pos, rem;
+  if (pos_major) {
+    pos = item / hz;
+    rem = item - pos * hz;
+  } else {
+    const int nq = static_cast<int>(p.num_q_blocks);
+    rem = item / nq;
+    pos = item - rem * nq;
+  }
   y = rem % p.num_heads;
   z = rem / p.num_heads;
   if (p.row_order != nullptr) {
@@ -68,9 +81,21 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
 }
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
-template <typename Traits>
+#if ATTNSERVE_FLASH_SM90_DEVICE
+// One warp: four 8x8 b16 matrices from shared memory (lane l addresses row l % 8 of matrix
+// l / 8); register i = matrix i's fragment (row lane / 4, columns 2 (lane % 4) and + 1).
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+// kQRegs = false: v3. kQRegs = true: v4 (see the header comment).
+template <typename Traits, bool kQRegs>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items) {
+    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   using Elem = typename Traits::Elem;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -117,7 +142,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       MbarInit(bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // one lane per consumer warp
     }
     MbarInit(bar_q_full, 32);                                // every lane of producer warp 0
-    MbarInit(bar_q_empty, 4 * Traits::kConsumerWarpgroups);  // one lane per consumer warp
+    // v3: one lane per consumer warp (after its last S GEMM of the item); v4: every consumer
+    // thread (after it copied Q to registers).
+    MbarInit(bar_q_empty, (kQRegs ? 128 : 4) * Traits::kConsumerWarpgroups);
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
 
@@ -129,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       uint32_t local = 0;  // items of this CTA so far
       for (int item = item0; item < num_items; item += item_step, ++local) {
         int row, y, z;
-        DecodeItem(p, item, hz, row, y, z);
+        DecodeItem(p, item, hz, pos_major, row, y, z);
         int64_t begin = 0;
         int count;
         if (p.col_idx != nullptr) {
@@ -146,10 +173,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int seg = z % p.num_segs;
         bool q_pending = false;
         if (warp == 0) {
-          // Q of the previous item: every consumer warp issued and completed its last S GEMM.
-          if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
           const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
                                seg * p.q_seg_stride + head * p.q_head_stride;
+          if (local > 0) {
+            // This item's Q rows go to L2 now (the consumers still have the last tiles of the
+            // previous item in the ring), so the load after q_empty reads L2, not HBM.
+            {
+              const int64_t r0 = static_cast<int64_t>(row) * kBlock + lane;
+              const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), n - r0));
+              const Elem* qp = q_base + r0 * p.q_row_stride;
+#pragma unroll 1
+              for (int r = 0; r < rows; r += 32, qp += 32 * p.q_row_stride) {
+                PrefetchL2Bulk(qp, kHeadDim * sizeof(Elem));
+              }
+            }
+            // Q of the previous item: every consumer warp issued and completed its last S GEMM.
+            MbarWait(bar_q_empty, (local - 1) & 1u);
+          }
           WarpLoadTile<kBlock, Traits::kChunks>(smem_q, q_base, p.q_row_stride,
                                                 static_cast<int64_t>(row) * kBlock, n, lane);
           CpAsyncCommit();
@@ -171,10 +211,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int e = e0; e < count; e += kProducerWarps) {
           const uint32_t gi = g + static_cast<uint32_t>(e);
           const int stage = static_cast<int>(gi % kStages);
-          // Reuse: the consumers released this stage's previous tile (gi - kStages).
-          if (gi >= static_cast<uint32_t>(kStages)) {
-            MbarWait(bar_empty + 8 * stage, (gi / kStages + 1) & 1u);
-          }
+          // The tile's CSR entry is read before the stage wait, so its latency overlaps it.
           int blk, mask;
           if (p.col_idx != nullptr) {
             blk = p.col_idx[begin + e];
@@ -182,6 +219,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           } else {
             blk = e;
             mask = (p.dense_causal && e == row) ? 1 : 0;
+          }
+          // Reuse: the consumers released this stage's previous tile (gi - kStages).
+          if (gi >= static_cast<uint32_t>(kStages)) {
+            MbarWait(bar_empty + 8 * stage, (gi / kStages + 1) & 1u);
           }
           if (lane == 0) {
             meta[2 * stage] = blk;
@@ -235,6 +276,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int seg = z % p.num_segs;
       const int64_t q0 = static_cast<int64_t>(row) * kBlock;
 
+      // v4: this warp's 16 rows of Q as wgmma A fragments (one x4 ldmatrix per 16 columns), then
+      // Q's smem is handed back at once: the producer loads the next item's Q during this one.
+      uint32_t qf[kQRegs ? kHeadDim / 16 : 1][4];
+      if constexpr (kQRegs) {
+        const int m = lane >> 3;
+        const int qrow = wg * 64 + warp_in_wg * 16 + (m & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          LdMatrixX4(smem_q + TileOffset<kBlock>(qrow, kk * 2 + (m >> 1)), qf[kk]);
+        }
+        MbarArrive(bar_q_empty);  // release: orders this thread's ldmatrix reads before it
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) FenceReg(qf[kk][j]);
+        }
+      }
+
       float acc_o[kORegs];
 #pragma unroll
       for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.f;
@@ -254,24 +313,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const bool work = wg_active && k0 < nk && !(mask == 1 && k0 > wg_row0 + 63 + delta);
         // Lane 0 of each warp arrives on q_empty after this item's last S GEMM (lane argument 1:
         // no arrive).
-        const int q_release_lane = e + 1 == count ? lane : 1;
+        const int q_release_lane = e + 1 == count ? lane : 1;  // (v3 only)
 
         const uint32_t k_tile = smem_kv + stage * kStageBytes;
         const uint32_t v_tile = k_tile + kTileBytes;
 
-        // Ping-pong: v2's, per item (see the header comment for why it holds across items).
+        // Ping-pong. v3: v2's, per item (see the header comment for why it holds across items).
+        // v4: over the CTA's whole tile sequence (warpgroup 0 syncs barrier 2 before every tile
+        // but the CTA's first, warpgroup 1 arrives on it after every tile, and warpgroup 0's one
+        // extra sync after its last item takes the last arrive).
+        const bool sync2 = kQRegs ? gi > 0 : e > 0;
+        const bool arrive2 = kQRegs || e + 1 < count;
         if (wg == 1) {
           NamedBarSync(1, 256);
-        } else if (e > 0) {
+        } else if (sync2) {
           NamedBarSync(2, 256);
         }
         if (!work) {
           if (wg == 0) {
             NamedBarArrive(1, 256);
-          } else if (e + 1 < count) {
+          } else if (arrive2) {
             NamedBarArrive(2, 256);
           }
-          MbarArriveLane0(bar_q_empty, q_release_lane);
+          if constexpr (!kQRegs) MbarArriveLane0(bar_q_empty, q_release_lane);
         } else {
           float s[kSRegs];
 #pragma unroll
@@ -282,21 +346,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
           for (int kk = 0; kk < kHeadDim / 16; ++kk) {
             const uint32_t koff = (kk / 4) * kPanelBytes + (kk % 4) * 32;
-            const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
             const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
-            Wgmma<kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
+            if constexpr (kQRegs) {
+              Wgmma<kBlock, Traits::kBF16>::RsK(s, qf[kk], db, kk > 0 ? 1 : 0);
+            } else {
+              const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
+              Wgmma<kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
+            }
           }
           WgmmaCommit();
           if (wg == 0) {
             NamedBarArrive(1, 256);
-          } else if (e + 1 < count) {
+          } else if (arrive2) {
             NamedBarArrive(2, 256);
           }
           WgmmaWait<0>();
 #pragma unroll
           for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
-          // The S GEMM completed: on the last tile this warp is done with Q.
-          MbarArriveLane0(bar_q_empty, q_release_lane);
+          // The S GEMM completed: on the last tile this warp is done with Q (v3).
+          if constexpr (!kQRegs) MbarArriveLane0(bar_q_empty, q_release_lane);
 
           const bool ragged = k0 + kBlock > nk;
           if (mask != 0 || ragged) {
@@ -380,7 +448,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // by the converged warp): hand the stage back to the producer.
         MbarArriveLane0(bar_empty + 8 * stage, lane);
       }
-      if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
+      if (!kQRegs && count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
       gbase += static_cast<uint32_t>(count);
 
       if (wg_active) {
@@ -437,6 +505,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
       }
     }
+    // v4: warpgroup 1 arrived on barrier 2 after its last tile too; take that arrive.
+    if (kQRegs && wg == 0 && gbase > 0) NamedBarSync(2, 256);
   }
 #else
   __trap();
