@@ -48,9 +48,8 @@ cudaError_t DispatchBlock(const FlashFwdParams& p, Sm90Variant variant, cudaStre
     t_last_sm90 = kFlashKernelSm90;  // no v2 / v3 for block 64
     return RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream);
   }
-  if (variant == Sm90Variant::kV3 || variant == Sm90Variant::kV4) {
-    const bool q_regs = variant == Sm90Variant::kV4;
-    t_last_sm90 = q_regs ? kFlashKernelSm90V4 : kFlashKernelSm90V3;
+  if (variant == Sm90Variant::kV3) {
+    t_last_sm90 = kFlashKernelSm90V3;
     int ctas = NumSmsOfCurrentDevice();
     // Test knob: cap the persistent grid (more work items per CTA). 0 / unset / invalid: none.
     if (const char* cap = std::getenv("ATTNSERVE_SM90_V3_MAX_CTAS"); cap != nullptr) {
@@ -66,7 +65,7 @@ cudaError_t DispatchBlock(const FlashFwdParams& p, Sm90Variant variant, cudaStre
       if (o == "position") pos_major = true;
       if (o == "head") pos_major = false;
     }
-    return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, pos_major, q_regs, stream);
+    return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, pos_major, stream);
   }
   if (variant == Sm90Variant::kV2) {
     t_last_sm90 = kFlashKernelSm90V2;
@@ -133,8 +132,6 @@ bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value) {
     *variant = Sm90Variant::kV2;
   } else if (v == "v3") {
     *variant = Sm90Variant::kV3;
-  } else if (v == "v4") {
-    *variant = Sm90Variant::kV4;
   } else {
     if (bad_value != nullptr) *bad_value = std::string(v);
     *variant = kSm90DefaultVariant;
@@ -149,7 +146,7 @@ absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& p) {
     std::string bad;
     if (!Sm90VariantFromEnv(&variant, &bad)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("ATTNSERVE_SM90_VARIANT: expected v1, v2, v3 or v4, got '", bad, "'"));
+          absl::StrCat("ATTNSERVE_SM90_VARIANT: expected v1, v2 or v3, got '", bad, "'"));
     }
   }
   const char* env = std::getenv("ATTNSERVE_FLASH_KERNEL");

@@ -19,8 +19,6 @@ inline constexpr const char kFlashKernelSm90[] = "sm90";  // flash_fwd_sm90 (wgm
 inline constexpr const char kFlashKernelSm90V2[] = "sm90v2";
 // LastFlashKernelName() of an sm90 launch that ran the v3 (persistent warp-specialized) kernel.
 inline constexpr const char kFlashKernelSm90V3[] = "sm90v3";
-// LastFlashKernelName() of an sm90 launch that ran v4 (v3 with Q in registers).
-inline constexpr const char kFlashKernelSm90V4[] = "sm90v4";
 
 // True when this build compiled the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES lists 90a).
 bool FlashFwdSm90Built();
@@ -43,14 +41,13 @@ absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& params);
 // Which sm90 kernel variant RunFlashFwdSm90 launches: ATTNSERVE_SM90_VARIANT (read per call) =
 // v1 (flash_fwd_sm90_kernel.cuh: all threads load with cp.async, __syncthreads per key tile) or
 // v2 (flash_fwd_sm90_v2_kernel.cuh: producer warp + per-stage mbarriers, setmaxnreg) or v3
-// (flash_fwd_sm90_v3_kernel.cuh: v2 made persistent, grid = #SMs) or v4 (the same file: v3
-// with each item's Q copied to registers at its start, so the next item's Q loads during it);
-// unset or empty: kSm90DefaultVariant. v2, v3 and v4 exist for layout block 128 only: block 64
-// runs v1 either way. FlashKernelFor returns INVALID_ARGUMENT for any other value. The grid of v3
-// and v4 is min(#SMs, work items); ATTNSERVE_SM90_V3_MAX_CTAS = c > 0 caps it further (a test
-// knob: many items per CTA). ATTNSERVE_SM90_V3_ORDER = position | head overrides their work-item
-// order (default: head-major for CSR layouts, position-major for implicit ones).
-enum class Sm90Variant { kV1 = 1, kV2 = 2, kV3 = 3, kV4 = 4 };
+// (flash_fwd_sm90_v3_kernel.cuh: v2 made persistent, grid = #SMs); unset or empty:
+// kSm90DefaultVariant. v2 and v3 exist for layout block 128 only: block 64 runs v1 either way.
+// FlashKernelFor returns INVALID_ARGUMENT for any other value. v3's grid is min(#SMs, work
+// items); ATTNSERVE_SM90_V3_MAX_CTAS = c > 0 caps it further (a test knob: many items per CTA).
+// ATTNSERVE_SM90_V3_ORDER = position | head overrides v3's work-item order (default: head-major
+// for CSR layouts, position-major for the implicit dense / causal ones).
+enum class Sm90Variant { kV1 = 1, kV2 = 2, kV3 = 3 };
 // v2 by measurement (H200, 2026-11-22): dense 447 vs 366 TFLOP/s, block-sparse 90% 8.25 vs 9.71 ms;
 // both pass every test against the reference (bench/results/h200x2-2026-11-22b/lease3).
 inline constexpr Sm90Variant kSm90DefaultVariant = Sm90Variant::kV2;
@@ -61,9 +58,9 @@ inline constexpr int64_t kSm90ShortRowBlocks = 8;
 bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value = nullptr);
 
 // The kernel of the most recent successful RunAttentionForward launch in this process
-// ("sm80" / "sm90" / "sm90v2" / "sm90v3" / "sm90v4"; "none" before the first): lets benches
-// report what ran. SetLastFlashKernelName(kFlashKernelSm90) records the variant that this
-// thread's last RunFlashFwdSm90 launched ("sm90" for v1, "sm90vN" for vN).
+// ("sm80" / "sm90" / "sm90v2" / "sm90v3"; "none" before the first): lets benches report what
+// ran. SetLastFlashKernelName(kFlashKernelSm90) records the variant that this thread's last
+// RunFlashFwdSm90 launched ("sm90" for v1, "sm90v2" for v2, "sm90v3" for v3).
 const char* LastFlashKernelName();
 void SetLastFlashKernelName(const char* name);
 

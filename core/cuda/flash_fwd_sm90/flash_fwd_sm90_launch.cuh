@@ -19,11 +19,9 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 // v3 (persistent v2, flash_fwd_sm90_v3_kernel.cuh): layout block 128 only; grid = min(num_sms,
 // work items). pos_major: work items ordered by query-block position first (heavy-first across
 // heads), else by head first (K/V of one head shared in L2 by the CTAs running together).
-// q_regs: the v4 form of the kernel (Q copied to registers at each item's start, so the next
-// item's Q loads during this one; ping-pong over the CTA's whole tile sequence).
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
-                                  bool q_regs, cudaStream_t stream);
+                                  cudaStream_t stream);
 
 }  // namespace attnserve
 
@@ -68,10 +66,9 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
-                                  bool q_regs, cudaStream_t stream) {
+                                  cudaStream_t stream) {
   using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
-  auto kernel = q_regs ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true>
-                       : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false>;
+  auto kernel = &flash_sm90::FlashFwdSm90V3Kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

@@ -3,11 +3,12 @@
 // Same contract, math, shared-memory tile layout, wgmma descriptors and epilogue as v1 (the
 // consumer body is v1's loop body); what changes is who loads and how the stages are handed over:
 // - CTA = 3 warpgroups (384 threads), layout block 128 only (block 64 keeps v1):
-//   warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0 and 1 load, warps 2-3
-//   exit), warpgroups 1 and 2 = consumers (setmaxnreg.inc to kConsumerRegs), query rows
+//   warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0 and 1 load K/V, warp 2
+//   loads Q, warp 3 exits), warpgroups 1 and 2 = consumers (setmaxnreg.inc to kConsumerRegs), query rows
 //   [0, 64) and [64, 128) of the tile, exactly as v1's warpgroups 0 and 1.
 // - Producer warps: cp.async (16 B, same swizzled layout and zero-fill past the key end as v1)
-//   of Q (warp 0) and of each kept K/V block into the kStages ring, tile e by warp e % 2. A warp
+//   of Q (warp 2, published on its own barrier as soon as it landed) and of each kept K/V block
+//   into the kStages ring, tile e by warp e % 2. A warp
 //   issues its tile, waits for its own copies (cp.async.wait_group 0), runs
 //   fence.proxy.async.shared::cta in every writing lane (the writes are generic-proxy, wgmma
 //   reads through the async proxy; the fence is in the writing thread, before the release) and
@@ -24,9 +25,11 @@
 // - Every consumer warp waits on full and arrives on empty for every tile, also when it has no
 //   work for the tile (rows past the end, causal diagonal after its rows): this keeps each
 //   barrier phase = one tile (an idle warp cannot run ahead into the next phase).
-// Register budget: 384 threads x 168 at launch (__launch_bounds__(384, 1)) = 64512;
-// producer 128 x 56 + consumers 256 x 224 = 64512 (40 made the two-warp producer spill;
-// the consumer code needs no more than 168 without spilling, so 224 is headroom for ptxas).
+// Register budget: 384 threads x 168 at launch (__launch_bounds__(384, 1)) = 64512; the
+// producer's setmaxnreg.dec to 64 frees 128 x 104 = 13312, the consumers' inc to 216 takes
+// 256 x 48 = 12288 of them (an inc that asks for more than the pool holds never returns). 56 made
+// v3's Q warp spill; the consumer code needs no more than 168 without spilling, so 216 is
+// headroom for ptxas.
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V2_KERNEL_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V2_KERNEL_CUH_
 
@@ -47,10 +50,12 @@ struct Sm90V2Traits {
   // Warps of the producer warpgroup that load (the others exit at once): tile e is loaded and
   // published by warp e % kProducerWarps.
   static constexpr int kProducerWarps = 2;
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  static constexpr int kProducerRegs = 64;
+  static constexpr int kConsumerRegs = 216;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536,
                 "register file");
+  static_assert((168 - kProducerRegs) * 128 >= (kConsumerRegs - 168) * 128 * kConsumerWarpgroups,
+                "the consumers' setmaxnreg.inc needs what the producer's dec freed");
   static constexpr int kChunks = Base::kChunks;
   static constexpr int kTileBytes = Base::kTileBytes;
   static constexpr int kPanelBytes = Base::kPanelBytes;
@@ -190,7 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       MbarInit(bar_full + 8 * s, 32);  // every lane of the producer warp that loads the tile
       MbarInit(bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // one lane per consumer warp
     }
-    MbarInit(bar_q, 32);  // every lane of producer warp 0
+    MbarInit(bar_q, 32);  // every lane of the Q warp (producer warp kProducerWarps)
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
 
@@ -206,12 +211,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            seg * p.k_seg_stride + kv_head * p.k_head_stride;
       const Elem* v_base = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride +
                            seg * p.v_seg_stride + kv_head * p.v_head_stride;
-      if (warp == 0) {
-        const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
-                             seg * p.q_seg_stride + head * p.q_head_stride;
-        WarpLoadTile<kBlock, Traits::kChunks>(smem_q, q_base, p.q_row_stride, q0, n, lane);
-        CpAsyncCommit();
-      }
       // Producer warp w loads tiles w, w + kProducerWarps, ...: each warp has one tile in
       // flight and publishes it as soon as it landed, so kProducerWarps tiles load at once and
       // no tile's publication waits for a later tile's issue or for a stage release.
@@ -240,22 +239,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         WarpLoadTile<kBlock, Traits::kChunks>(base + kTileBytes, v_base, p.v_row_stride, k0, nk,
                                               lane);
         CpAsyncCommit();
-        if (e == 0) {  // warp 0: Q (the older group) first
-          CpAsyncWait<1>();
-          FenceProxyAsyncShared();
-          MbarArrive(bar_q);
-        }
         // The tile landed: make this lane's generic-proxy writes visible to the async proxy
         // (wgmma), then release them (and lane 0's meta) to the consumers.
         CpAsyncWait<0>();
         FenceProxyAsyncShared();
         MbarArrive(bar_full + 8 * stage);
       }
-      if (warp == 0 && count == 0) {  // no tile: Q alone (the consumers wait for it)
-        CpAsyncWait<0>();
-        FenceProxyAsyncShared();
-        MbarArrive(bar_q);
-      }
+    } else if (warp == kProducerWarps) {
+      // Q warp: Q has its own warp, so its arrival does not wait behind a K/V tile's issue.
+      const int head = p.head_start + static_cast<int>(blockIdx.y) * p.head_step;
+      const int batch = static_cast<int>(blockIdx.z) / p.num_segs;
+      const int seg = static_cast<int>(blockIdx.z) % p.num_segs;
+      const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
+                           seg * p.q_seg_stride + head * p.q_head_stride;
+      WarpLoadTile<kBlock, Traits::kChunks>(smem_q, q_base, p.q_row_stride, q0, n, lane);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+      FenceProxyAsyncShared();
+      MbarArrive(bar_q);
     }
   } else {
     // ================================ consumer warpgroups ===============================

@@ -17,21 +17,25 @@
 //   producer warp G % kProducerWarps loads it. No barrier is ever re-initialised.
 // - Q is single-buffered (smem: Q + 3 K/V stages = 7 x 32 KB at D = 128 already fills the
 //   227 KB; a second Q tile would cost a K/V stage, and at 99% sparsity a row has ~5 tiles, so a
-//   2-stage ring would expose the load latency on every tile). Two Q barriers: q_full (count 32,
-//   producer warp 0 per item) and q_empty (count 8: one lane per consumer warp per item). A
-//   consumer warp arrives on q_empty as soon as its S wgmma of the item's LAST tile completed
-//   (wgmma.wait_group 0 after the S GEMM; or at once for an item with no tile). Producer warp 0
-//   waits on q_empty of item j - 1 before loading Q of item j, so the next Q (and, through the
-//   free stages, the next item's first K/V tiles, warp 1 never waits for Q at all) loads while
-//   the consumers run the last softmax, the last P V and the epilogue of item j - 1.
+//   2-stage ring would expose the load latency on every tile). Q has its own producer warp
+//   (warp 2 of the producer warpgroup; warps 0 and 1 load K/V only and never wait for Q). Two Q
+//   barriers: q_full (count 32, the Q warp per item) and q_empty (count 8: one lane per consumer
+//   warp per item). A consumer warp arrives on q_empty as soon as its S wgmma of the item's LAST
+//   tile completed (wgmma.wait_group 0 after the S GEMM; or at once for an item with no tile).
+//   The Q warp waits on q_empty of item j - 1, loads Q of item j, waits for it and arrives on
+//   q_full, then prefetches item j + 1's Q rows into L2 (cp.async.bulk.prefetch.L2): the next Q
+//   loads from L2 while the consumers run the last softmax, the last P V and the epilogue of
+//   item j - 1. (Measured on an H200 before this split: with Q loaded by K/V warp 0, whose
+//   q_full arrive waited for its first tile's free stage, the consumers spent ~18% of their
+//   stall samples waiting for Q at 99% skipped.)
 //   Consumers wait on q_full (parity = local item count & 1) for EVERY item, also an empty one,
 //   so a phase is never skipped (a parity wait on a skipped phase would return at once).
 // - Ping-pong named barriers: v2's per-item protocol, unchanged (warpgroup 0 syncs barrier 2 for
 //   e > 0, warpgroup 1 arrives on it for e + 1 < count). Across items it stays balanced: warpgroup
 //   0's first arrive on barrier 1 in item j + 1 needs q_full(j + 1), hence q_empty(j), hence every
 //   warp of warpgroup 1 past its last barrier-1 sync of item j (its q_empty arrive follows it).
-// - Item metadata (query-block row, kept-tile count, head index, z) is published by producer
-//   warp 0 (lane 0) in an smem slot with Q (written after q_empty of the previous item, released
+// - Item metadata (query-block row, kept-tile count, head index, z) is published by the Q warp
+//   (lane 0) in an smem slot with Q (written after q_empty of the previous item, released
 //   by the q_full arrive): the consumers read it right after the q_full wait, so they do no
 //   dependent global loads (row_order, row_ptr) on their critical path between items.
 // - Every item's state (accumulators, max, sum) is reset per item; the epilogue is v2's (writes
@@ -79,21 +83,28 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
     row = pos;
   }
 }
-#endif  // ATTNSERVE_FLASH_SM90_DEVICE
-
-#if ATTNSERVE_FLASH_SM90_DEVICE
-// One warp: four 8x8 b16 matrices from shared memory (lane l addresses row l % 8 of matrix
-// l / 8); register i = matrix i's fragment (row lane / 4, columns 2 (lane % 4) and + 1).
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+// The kept-tile range [begin, begin + count) of query-block row `row`.
+__device__ __forceinline__ void ItemRange(const FlashFwdParams& p, int row, int64_t& begin,
+                                          int& count) {
+  if (p.col_idx != nullptr) {
+    begin = p.row_ptr[row];
+    count = static_cast<int>(p.row_ptr[row + 1] - begin);
+  } else {
+    begin = 0;
+    count = static_cast<int>(
+        p.dense_causal ? min(static_cast<int64_t>(row) + 1, p.num_k_blocks) : p.num_k_blocks);
+  }
+}
+// Q of head index y (grid.y of v2) and z = batch * num_segs + seg.
+template <typename Elem>
+__device__ __forceinline__ const Elem* QBase(const FlashFwdParams& p, int y, int z) {
+  const int head = p.head_start + y * p.head_step;
+  return static_cast<const Elem*>(p.q) + (z / p.num_segs) * p.q_batch_stride +
+         (z % p.num_segs) * p.q_seg_stride + head * p.q_head_stride;
 }
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
-// kQRegs = false: v3. kQRegs = true: v4 (see the header comment).
-template <typename Traits, bool kQRegs>
+template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
@@ -141,10 +152,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       MbarInit(bar_full + 8 * s, 32);  // every lane of the producer warp that loads the tile
       MbarInit(bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // one lane per consumer warp
     }
-    MbarInit(bar_q_full, 32);                                // every lane of producer warp 0
-    // v3: one lane per consumer warp (after its last S GEMM of the item); v4: every consumer
-    // thread (after it copied Q to registers).
-    MbarInit(bar_q_empty, (kQRegs ? 128 : 4) * Traits::kConsumerWarpgroups);
+    MbarInit(bar_q_full, 32);  // every lane of the Q warp (producer warp kProducerWarps)
+    MbarInit(bar_q_empty, 4 * Traits::kConsumerWarpgroups);  // one lane per consumer warp
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
 
@@ -152,55 +161,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // ================================ producer warpgroup ================================
     SetMaxNregDec<Traits::kProducerRegs>();
     if (warp < kProducerWarps) {
+      // K/V warps: the item's kept tiles into the ring; they never wait for Q.
       uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
-      uint32_t local = 0;  // items of this CTA so far
-      for (int item = item0; item < num_items; item += item_step, ++local) {
+      for (int item = item0; item < num_items; item += item_step) {
         int row, y, z;
         DecodeItem(p, item, hz, pos_major, row, y, z);
         int64_t begin = 0;
         int count;
-        if (p.col_idx != nullptr) {
-          begin = p.row_ptr[row];
-          count = static_cast<int>(p.row_ptr[row + 1] - begin);
-        } else {
-          count = static_cast<int>(p.dense_causal ? min(static_cast<int64_t>(row) + 1,
-                                                        p.num_k_blocks)
-                                                  : p.num_k_blocks);
-        }
+        ItemRange(p, row, begin, count);
         const int head = p.head_start + y * p.head_step;
         const int kv_head = head / p.kv_group;
         const int batch = z / p.num_segs;
         const int seg = z % p.num_segs;
-        bool q_pending = false;
-        if (warp == 0) {
-          const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
-                               seg * p.q_seg_stride + head * p.q_head_stride;
-          if (local > 0) {
-            // This item's Q rows go to L2 now (the consumers still have the last tiles of the
-            // previous item in the ring), so the load after q_empty reads L2, not HBM.
-            {
-              const int64_t r0 = static_cast<int64_t>(row) * kBlock + lane;
-              const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), n - r0));
-              const Elem* qp = q_base + r0 * p.q_row_stride;
-#pragma unroll 1
-              for (int r = 0; r < rows; r += 32, qp += 32 * p.q_row_stride) {
-                PrefetchL2Bulk(qp, kHeadDim * sizeof(Elem));
-              }
-            }
-            // Q of the previous item: every consumer warp issued and completed its last S GEMM.
-            MbarWait(bar_q_empty, (local - 1) & 1u);
-          }
-          WarpLoadTile<kBlock, Traits::kChunks>(smem_q, q_base, p.q_row_stride,
-                                                static_cast<int64_t>(row) * kBlock, n, lane);
-          CpAsyncCommit();
-          q_pending = true;
-          if (lane == 0) {  // released to the consumers by this lane's q_full arrive
-            item_meta[0] = row;
-            item_meta[1] = count;
-            item_meta[2] = y;
-            item_meta[3] = z;
-          }
-        }
         const Elem* k_base = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride +
                              seg * p.k_seg_stride + kv_head * p.k_head_stride;
         const Elem* v_base = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride +
@@ -234,22 +206,49 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           WarpLoadTile<kBlock, Traits::kChunks>(base + kTileBytes, v_base, p.v_row_stride, k0,
                                                 nk, lane);
           CpAsyncCommit();
-          if (q_pending) {  // warp 0: Q (the older group) first
-            CpAsyncWait<1>();
-            FenceProxyAsyncShared();
-            MbarArrive(bar_q_full);
-            q_pending = false;
-          }
           CpAsyncWait<0>();
           FenceProxyAsyncShared();
           MbarArrive(bar_full + 8 * stage);
         }
-        if (q_pending) {  // warp 0 had no tile of this item: Q alone
-          CpAsyncWait<0>();
-          FenceProxyAsyncShared();
-          MbarArrive(bar_q_full);
-        }
         g += static_cast<uint32_t>(count);
+      }
+    } else if (warp == kProducerWarps) {
+      // Q warp: each item's Q (after the consumers released the previous one) and its metadata;
+      // then the next item's Q rows are prefetched into L2, a whole item ahead of their load.
+      uint32_t local = 0;  // items of this CTA so far
+      for (int item = item0; item < num_items; item += item_step, ++local) {
+        int row, y, z;
+        DecodeItem(p, item, hz, pos_major, row, y, z);
+        int64_t begin = 0;
+        int count;
+        ItemRange(p, row, begin, count);
+        const Elem* q_base = QBase<Elem>(p, y, z);
+        // Q of the previous item: every consumer warp issued and completed its last S GEMM.
+        if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
+        WarpLoadTile<kBlock, Traits::kChunks>(smem_q, q_base, p.q_row_stride,
+                                              static_cast<int64_t>(row) * kBlock, n, lane);
+        CpAsyncCommit();
+        if (lane == 0) {  // released to the consumers by this lane's q_full arrive
+          item_meta[0] = row;
+          item_meta[1] = count;
+          item_meta[2] = y;
+          item_meta[3] = z;
+        }
+        CpAsyncWait<0>();
+        FenceProxyAsyncShared();
+        MbarArrive(bar_q_full);
+        const int next = item + item_step;
+        if (next < num_items) {
+          DecodeItem(p, next, hz, pos_major, row, y, z);
+          const Elem* qn = QBase<Elem>(p, y, z);
+          const int64_t r0 = static_cast<int64_t>(row) * kBlock + lane;
+          const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), n - r0));
+          const Elem* qp = qn + r0 * p.q_row_stride;
+#pragma unroll 1
+          for (int r = 0; r < rows; r += 32, qp += 32 * p.q_row_stride) {
+            PrefetchL2Bulk(qp, kHeadDim * sizeof(Elem));
+          }
+        }
       }
     }
   } else {
@@ -276,24 +275,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int seg = z % p.num_segs;
       const int64_t q0 = static_cast<int64_t>(row) * kBlock;
 
-      // v4: this warp's 16 rows of Q as wgmma A fragments (one x4 ldmatrix per 16 columns), then
-      // Q's smem is handed back at once: the producer loads the next item's Q during this one.
-      uint32_t qf[kQRegs ? kHeadDim / 16 : 1][4];
-      if constexpr (kQRegs) {
-        const int m = lane >> 3;
-        const int qrow = wg * 64 + warp_in_wg * 16 + (m & 1) * 8 + (lane & 7);
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          LdMatrixX4(smem_q + TileOffset<kBlock>(qrow, kk * 2 + (m >> 1)), qf[kk]);
-        }
-        MbarArrive(bar_q_empty);  // release: orders this thread's ldmatrix reads before it
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) FenceReg(qf[kk][j]);
-        }
-      }
-
       float acc_o[kORegs];
 #pragma unroll
       for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.f;
@@ -313,17 +294,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const bool work = wg_active && k0 < nk && !(mask == 1 && k0 > wg_row0 + 63 + delta);
         // Lane 0 of each warp arrives on q_empty after this item's last S GEMM (lane argument 1:
         // no arrive).
-        const int q_release_lane = e + 1 == count ? lane : 1;  // (v3 only)
+        const int q_release_lane = e + 1 == count ? lane : 1;
 
         const uint32_t k_tile = smem_kv + stage * kStageBytes;
         const uint32_t v_tile = k_tile + kTileBytes;
 
-        // Ping-pong. v3: v2's, per item (see the header comment for why it holds across items).
-        // v4: over the CTA's whole tile sequence (warpgroup 0 syncs barrier 2 before every tile
-        // but the CTA's first, warpgroup 1 arrives on it after every tile, and warpgroup 0's one
-        // extra sync after its last item takes the last arrive).
-        const bool sync2 = kQRegs ? gi > 0 : e > 0;
-        const bool arrive2 = kQRegs || e + 1 < count;
+        // Ping-pong: v2's, per item (see the header comment for why it holds across items).
+        const bool sync2 = e > 0;
+        const bool arrive2 = e + 1 < count;
         if (wg == 1) {
           NamedBarSync(1, 256);
         } else if (sync2) {
@@ -335,7 +313,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           } else if (arrive2) {
             NamedBarArrive(2, 256);
           }
-          if constexpr (!kQRegs) MbarArriveLane0(bar_q_empty, q_release_lane);
+          MbarArriveLane0(bar_q_empty, q_release_lane);
         } else {
           float s[kSRegs];
 #pragma unroll
@@ -347,12 +325,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           for (int kk = 0; kk < kHeadDim / 16; ++kk) {
             const uint32_t koff = (kk / 4) * kPanelBytes + (kk % 4) * 32;
             const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
-            if constexpr (kQRegs) {
-              Wgmma<kBlock, Traits::kBF16>::RsK(s, qf[kk], db, kk > 0 ? 1 : 0);
-            } else {
-              const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
-              Wgmma<kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
-            }
+            const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
+            Wgmma<kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
           }
           WgmmaCommit();
           if (wg == 0) {
@@ -363,8 +337,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           WgmmaWait<0>();
 #pragma unroll
           for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
-          // The S GEMM completed: on the last tile this warp is done with Q (v3).
-          if constexpr (!kQRegs) MbarArriveLane0(bar_q_empty, q_release_lane);
+          // The S GEMM completed: on the last tile this warp is done with Q.
+          MbarArriveLane0(bar_q_empty, q_release_lane);
 
           const bool ragged = k0 + kBlock > nk;
           if (mask != 0 || ragged) {
@@ -448,7 +422,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // by the converged warp): hand the stage back to the producer.
         MbarArriveLane0(bar_empty + 8 * stage, lane);
       }
-      if (!kQRegs && count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
+      if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
       gbase += static_cast<uint32_t>(count);
 
       if (wg_active) {
@@ -505,8 +479,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
       }
     }
-    // v4: warpgroup 1 arrived on barrier 2 after its last tile too; take that arrive.
-    if (kQRegs && wg == 0 && gbase > 0) NamedBarSync(2, 256);
   }
 #else
   __trap();
