@@ -378,7 +378,6 @@ absl::Status CudaAttentionPlan::RunLayout(const void* q, const void* k, const vo
     p.row_ptr = layout_->row_ptr.as<int64_t>();
     p.col_idx = layout_->col_idx.as<int32_t>();
     p.block_mask = layout_->mask.as<uint8_t>();
-    p.kept_blocks_hint = layout_->kept_blocks;
     p.rule_causal = layout_->rule.causal;
     p.rule_window = layout_->rule.window ? *layout_->rule.window : -1;
   }

@@ -69,9 +69,6 @@ struct FlashFwdParams {
   int64_t num_q_blocks = 0;
   int64_t num_k_blocks = 0;
   bool dense_causal = false;  // only for the implicit dense layout
-  // Kept key blocks of the CSR summed over its rows (0: unknown). A hint only: the sm90 dispatch
-  // runs layouts averaging <= kSm90ShortRowBlocks kept blocks per row on its persistent variant.
-  int64_t kept_blocks_hint = 0;
 
   // TokenRule of kPartial blocks.
   bool rule_causal = false;

@@ -179,13 +179,6 @@ void SetLastFlashKernelName(const char* name) {
 cudaError_t RunFlashFwdSm90(const FlashFwdParams& p, cudaStream_t stream) {
   Sm90Variant v;
   Sm90VariantFromEnv(&v);  // invalid values were refused by FlashKernelFor
-  const char* env = std::getenv("ATTNSERVE_SM90_VARIANT");
-  if ((env == nullptr || *env == '\0') && p.col_idx != nullptr && p.kept_blocks_hint > 0 &&
-      p.block_size == 128 && p.kept_blocks_hint <= kSm90ShortRowBlocks * p.num_q_blocks) {
-    // Short rows (e.g. 99% of block pairs skipped): per-row set-up dominates, and the persistent
-    // variant hides part of it (H200: 3-6% faster than v2 there, 9% slower on long rows).
-    v = Sm90Variant::kV3;
-  }
   if (p.dtype == DType::kBF16) {
     return p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, v, stream)
                             : DispatchBlock<128, __nv_bfloat16>(p, v, stream);

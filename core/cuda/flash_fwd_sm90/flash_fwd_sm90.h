@@ -48,12 +48,10 @@ absl::StatusOr<const char*> FlashKernelFor(const FlashFwdParams& params);
 // ATTNSERVE_SM90_V3_ORDER = position | head overrides v3's work-item order (default: head-major
 // for CSR layouts, position-major for the implicit dense / causal ones).
 enum class Sm90Variant { kV1 = 1, kV2 = 2, kV3 = 3 };
-// v2 by measurement (H200, 2026-11-22): dense 447 vs 366 TFLOP/s, block-sparse 90% 8.25 vs 9.71 ms;
-// both pass every test against the reference (bench/results/h200x2-2026-11-22b/lease3).
-inline constexpr Sm90Variant kSm90DefaultVariant = Sm90Variant::kV2;
-// With ATTNSERVE_SM90_VARIANT unset, a CSR layout (block 128) averaging at most this many kept key
-// blocks per row (FlashFwdParams::kept_blocks_hint) runs on v3 instead of the default.
-inline constexpr int64_t kSm90ShortRowBlocks = 8;
+// v3 by measurement (H200, 2026-11-22, bench/results/h200-2026-11-22c): with Q on its own
+// producer warp it equals v2 dense (4.915 vs 4.917 ms at N=16384), is 2-3% faster at 90% of block
+// pairs skipped and 19-20% faster at 99% (0.937 vs 1.152 ms random); all three pass every test.
+inline constexpr Sm90Variant kSm90DefaultVariant = Sm90Variant::kV3;
 // The variant named by the environment (nullopt-like: false when the value is invalid).
 bool Sm90VariantFromEnv(Sm90Variant* variant, std::string* bad_value = nullptr);
 
