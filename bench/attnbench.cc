@@ -10,7 +10,8 @@
 // gathered segment (L^2, or L (L + 1) / 2 when causal, per segment of length L).
 //
 // Backends: cpu (always); cuda (builds with the CUDA backend: our flash_fwd kernels on GPU
-// --device, f32 computed in bf16 and checked at the GPU tolerances).
+// --device, f32 computed in bf16 and checked at the GPU tolerances; --kernel picks the flash
+// kernel, the environment's ATTNSERVE_* variables override it, see core/cuda/cuda_options.h).
 //
 // Example:
 //   attnbench --backend cpu --spec '{"dense": {}}' --tokens 8192 --heads 8 --head-dim 64
@@ -20,127 +21,81 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "bench/bench_backend.h"
+#include "bench/harness/flags.h"
+#include "core/util/json.h"
+#include "bench/harness/rank_threads.h"
+#include "bench/harness/run_record.h"
 #ifdef ATTNSERVE_BENCH_HAVE_CUDA
-#include "bench/cuda_bench.h"
+#include "bench/cuda/cuda_bench.h"
 #endif
-#include "bench/spec_json.h"
 #include "core/reference/reference.h"
 #include "core/spec/pattern_compiler.h"
 #include "core/util/status_macros.h"
+#include "wire/convert.h"
+
+ABSL_FLAG(std::string, backend, "cpu", "cpu|cuda");
+ABSL_FLAG(std::string, spec, R"({"dense": {}})",
+          "the proto3 JSON mapping of AttentionSpec, as attnctl --spec takes it");
+ABSL_FLAG(int64_t, batch, 1, "B");
+ABSL_FLAG(int64_t, tokens, 4096, "N");
+ABSL_FLAG(int64_t, heads, 8, "Hq");
+ABSL_FLAG(int64_t, kv_heads, 0, "Hkv (0: as --heads)");
+ABSL_FLAG(int64_t, head_dim, 64, "D");
+ABSL_FLAG(std::string, dtype, "f32", "f32|f16|bf16");
+ABSL_FLAG(int64_t, warmup, 1, "untimed runs before the timed ones");
+ABSL_FLAG(int64_t, iters, 5, "timed runs (the median is reported)");
+ABSL_FLAG(int64_t, threads, 0, "cpu backend: threads (0: every hardware thread)");
+ABSL_FLAG(int64_t, device, 0, "cuda backend: CUDA ordinal");
+ABSL_FLAG(std::string, kernel, "auto",
+          "cuda backend: flash kernel auto|sm80|sm90 ($ATTNSERVE_FLASH_KERNEL overrides)");
+ABSL_FLAG(int64_t, check_tokens, -1,
+          "N of the correctness check (-1: min(--tokens, 1024); 0: skip the check)");
+ABSL_FLAG(uint64_t, seed, 1, "input seed");
+ABSL_FLAG(std::string, json_out, "", "write the results as JSON to this file");
 
 namespace attnserve::bench {
 namespace {
 
-struct Flags {
-  std::string backend = "cpu";
-  std::string spec = R"({"dense": {}})";
-  int64_t batch = 1;
-  int64_t tokens = 4096;
-  int64_t heads = 8;
-  int64_t kv_heads = 0;  // 0: same as heads
-  int64_t head_dim = 64;
-  std::string dtype = "f32";
-  int64_t warmup = 1;
-  int64_t iters = 5;
-  int64_t threads = 0;        // 0: every hardware thread (cpu backend)
-  int64_t device = 0;         // CUDA ordinal (cuda backend)
-  int64_t check_tokens = -1;  // -1: min(tokens, 1024); 0: skip the check
-  uint64_t seed = 1;
-  std::string json_out;
-};
-
 constexpr char kUsage[] =
-    "usage: attnbench [--backend cpu|cuda] [--device D] [--spec JSON] [--batch B] [--tokens N] "
-    "[--heads Hq]\n"
-    "                 [--kv-heads Hkv] [--head-dim D] [--dtype f32|f16|bf16] [--warmup W]\n"
-    "                 [--iters I] [--threads T] [--check-tokens N] [--seed S] [--json-out FILE]\n"
+    "attnbench [--backend cpu|cuda] [--spec JSON] [--batch B] [--tokens N] [--heads Hq] "
+    "[--kv-heads Hkv] [--head-dim D] [--dtype f32|f16|bf16] ... [--json-out FILE]\n"
     "--spec takes the proto3 JSON mapping of AttentionSpec, e.g.\n"
     "  '{\"window\": {\"size\": 256}, \"causal\": true}'\n"
     "  '{\"dilated\": {\"segmentLengths\": [2048, 4096], \"dilationRates\": [1, 2]}}'\n"
-    "  '{\"blockSparse\": {\"blockSize\": 128, \"random\": {\"keep\": 0.1, \"seed\": 1}}}'\n";
+    "  '{\"blockSparse\": {\"blockSize\": 128, \"random\": {\"keep\": 0.1, \"seed\": 1}}}'";
 
-// --name=value and --name value; dashes and underscores in names are interchangeable.
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  Flags f;
-  std::map<std::string, std::function<bool(const std::string&)>> setters = {
-      {"backend",
-       [&](const std::string& v) {
-         f.backend = v;
-         return true;
-       }},
-      {"spec",
-       [&](const std::string& v) {
-         f.spec = v;
-         return true;
-       }},
-      {"batch", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.batch); }},
-      {"tokens", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.tokens); }},
-      {"heads", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.heads); }},
-      {"kv_heads", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.kv_heads); }},
-      {"head_dim", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.head_dim); }},
-      {"dtype",
-       [&](const std::string& v) {
-         f.dtype = v;
-         return true;
-       }},
-      {"warmup", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.warmup); }},
-      {"iters", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.iters); }},
-      {"threads", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.threads); }},
-      {"device", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.device); }},
-      {"check_tokens", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.check_tokens); }},
-      {"seed", [&](const std::string& v) { return absl::SimpleAtoi(v, &f.seed); }},
-      {"json_out",
-       [&](const std::string& v) {
-         f.json_out = v;
-         return true;
-       }},
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'\n", kUsage));
-    }
-    arg = arg.substr(2);
-    std::string value;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--", arg, ": missing value"));
-    }
-    const std::string name = absl::StrReplaceAll(arg, {{"-", "_"}});
-    auto it = setters.find(name);
-    if (it == setters.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", arg, "\n", kUsage));
-    }
-    if (!it->second(value)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", arg, ": bad value '", value, "'"));
-    }
-  }
+struct Flags {
+  std::string backend;
+  std::string spec;
+  int64_t batch, tokens, heads, kv_heads, head_dim;
+  std::string dtype;
+  int64_t warmup, iters, threads, device, check_tokens;
+  std::string kernel;
+  uint64_t seed;
+  std::string json_out;
+};
+
+// The parsed flags with their defaults resolved.
+absl::StatusOr<Flags> ReadFlags() {
+  Flags f{absl::GetFlag(FLAGS_backend),   absl::GetFlag(FLAGS_spec),
+          absl::GetFlag(FLAGS_batch),     absl::GetFlag(FLAGS_tokens),
+          absl::GetFlag(FLAGS_heads),     absl::GetFlag(FLAGS_kv_heads),
+          absl::GetFlag(FLAGS_head_dim),  absl::GetFlag(FLAGS_dtype),
+          absl::GetFlag(FLAGS_warmup),    absl::GetFlag(FLAGS_iters),
+          absl::GetFlag(FLAGS_threads),   absl::GetFlag(FLAGS_device),
+          absl::GetFlag(FLAGS_check_tokens), absl::GetFlag(FLAGS_kernel),
+          absl::GetFlag(FLAGS_seed),      absl::GetFlag(FLAGS_json_out)};
   if (f.kv_heads == 0) f.kv_heads = f.heads;
   if (f.threads == 0) f.threads = std::max(1u, std::thread::hardware_concurrency());
   if (f.check_tokens < 0) f.check_tokens = std::min<int64_t>(f.tokens, 1024);
@@ -152,7 +107,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBackend(const Flags& f) {
   if (f.backend == "cpu") return MakeCpuBenchBackend(static_cast<int>(f.threads));
 #ifdef ATTNSERVE_BENCH_HAVE_CUDA
-  if (f.backend == "cuda") return MakeCudaBenchBackend(static_cast<int>(f.device));
+  if (f.backend == "cuda") {
+    ATTN_ASSIGN_OR_RETURN(const CudaOptions options, BenchCudaOptions(f.kernel, ""));
+    return MakeCudaBenchBackend(static_cast<int>(f.device), options);
+  }
   constexpr char kHave[] = "cpu, cuda";
 #else
   constexpr char kHave[] = "cpu";
@@ -162,7 +120,7 @@ absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBackend(const Flags& f) {
 }
 
 // Admitted (query, key) pairs of the whole problem, summed over query heads (see the file
-// comment). Also returns the dense count for the token-level sparsity of dilated specs.
+// comment).
 int64_t AdmittedPairsAllHeads(const AttentionSpec& spec, const CompiledPattern& c,
                               int64_t q_heads) {
   if (!c.dilated) return c.layout.AdmittedPairs() * q_heads;
@@ -204,38 +162,6 @@ absl::StatusOr<Inputs> MakeInputs(const AttentionShape& s, DType dtype, uint64_t
   return in;
 }
 
-std::string GitCommit() {
-  if (FILE* p = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r")) {
-    char buf[64] = {0};
-    const bool got = std::fgets(buf, sizeof(buf), p) != nullptr;
-    pclose(p);
-    std::string s = got ? std::string(buf) : "";
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (!s.empty()) return s;
-  }
-#ifdef ATTNSERVE_GIT_COMMIT
-  if (std::string(ATTNSERVE_GIT_COMMIT).size() > 0) return ATTNSERVE_GIT_COMMIT;
-#endif
-  return "unknown";
-}
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 struct CheckResult {
   bool ran = false;
   int64_t tokens = 0;
@@ -271,8 +197,120 @@ absl::StatusOr<CheckResult> Check(const Flags& f, const AttentionSpec& spec, DTy
   return r;
 }
 
-absl::Status Main(int argc, char** argv) {
-  ATTN_ASSIGN_OR_RETURN(const Flags f, ParseFlags(argc, argv));
+// What the timed part of a run measured.
+struct Figures {
+  double compile_ms = 0;
+  std::vector<double> times;  // seconds, in run order
+  double median = 0, min = 0, max = 0;
+  int64_t pairs = 0;
+  double flops = 0, gflops = 0, tokens_per_s = 0, sparsity = 0;
+  double gemm_gflops = 0, ratio = 0;
+  std::string kernel;  // the flash kernel of the timed runs (cuda), else empty
+};
+
+absl::StatusOr<Figures> TimeFullSize(const Flags& f, const AttentionSpec& spec, DType dtype,
+                                     BenchBackend& backend) {
+  const AttentionShape shape{f.batch, f.tokens, f.heads, f.kv_heads, f.head_dim};
+  Figures r;
+  ATTN_ASSIGN_OR_RETURN(const Inputs in, MakeInputs(shape, dtype, f.seed));
+  const auto c0 = Clock::now();
+  ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
+                        CompilePattern(spec, shape.tokens, shape.q_heads));
+  r.compile_ms = 1e3 * Seconds(c0, Clock::now());
+  ATTN_RETURN_IF_ERROR(backend.Prepare(spec, compiled, in.q, in.k, in.v));
+  for (int64_t i = 0; i < f.warmup; ++i) ATTN_RETURN_IF_ERROR(backend.Run());
+  for (int64_t i = 0; i < f.iters; ++i) {
+    const auto t0 = Clock::now();
+    ATTN_RETURN_IF_ERROR(backend.Run());
+    r.times.push_back(Seconds(t0, Clock::now()));
+  }
+  r.kernel = backend.kernel();
+  r.median = Median(r.times);
+  r.min = *std::min_element(r.times.begin(), r.times.end());
+  r.max = *std::max_element(r.times.begin(), r.times.end());
+  r.pairs = AdmittedPairsAllHeads(spec, compiled, shape.q_heads);
+  r.flops = 4.0 * f.batch * f.head_dim * static_cast<double>(r.pairs);
+  r.gflops = r.flops / r.median / 1e9;
+  r.tokens_per_s = static_cast<double>(f.batch * f.tokens) / r.median;
+  // Block-level for layouts (skipped block pairs); token-level for dilated (no block layout
+  // spans the whole sequence).
+  r.sparsity = compiled.dilated ? 1.0 - static_cast<double>(r.pairs) /
+                                            (static_cast<double>(f.tokens) * f.tokens * f.heads)
+                                : compiled.layout.sparsity();
+  // The GEMM yardstick, measured after the attention so both see the same clocks.
+  ATTN_ASSIGN_OR_RETURN(r.gemm_gflops, backend.MeasureGemmGflops());
+  r.ratio = r.gflops / r.gemm_gflops;
+  return r;
+}
+
+void PrintFigures(const Flags& f, const std::string& spec_json, const CheckResult& check,
+                  const Figures& r) {
+  std::printf("  compile %.3f ms, sparsity %.4f, admitted pairs %lld%s\n", r.compile_ms,
+              r.sparsity, static_cast<long long>(r.pairs),
+              r.kernel.empty() ? "" : absl::StrCat(", flash kernel ", r.kernel).c_str());
+  std::printf("  median %.4f s over %lld iters (min %.4f, max %.4f)\n", r.median,
+              static_cast<long long>(f.iters), r.min, r.max);
+  std::printf("  %.4g tokens/s, %.2f GFLOP/s attention, %.2f GFLOP/s sgemm, ratio %.3f\n",
+              r.tokens_per_s, r.gflops, r.gemm_gflops, r.ratio);
+  std::printf("\n| backend | spec | B | N | Hq | Hkv | D | dtype | median s | GFLOP/s | sgemm "
+              "GFLOP/s | ratio | check |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+              "| %s | `%s` | %lld | %lld | %lld | %lld | %lld | %s | %.4f | %.2f | %.2f | %.3f | "
+              "%s |\n",
+              f.backend.c_str(), spec_json.c_str(), static_cast<long long>(f.batch),
+              static_cast<long long>(f.tokens), static_cast<long long>(f.heads),
+              static_cast<long long>(f.kv_heads), static_cast<long long>(f.head_dim),
+              f.dtype.c_str(), r.median, r.gflops, r.gemm_gflops, r.ratio,
+              !check.ran ? "skipped" : check.passed ? "pass" : "FAIL");
+}
+
+Json ResultJson(const Flags& f, const std::string& device, const std::string& spec_json,
+                const CheckResult& check, const Figures& r) {
+  Json j = Json::Object();
+  AddRunRecord(MakeRunRecord(device), j);
+  j.Set("backend", f.backend);
+  j.Set("spec", Json::Raw(spec_json));
+  j.Set("shape", Json::Object()
+                     .Set("batch", f.batch)
+                     .Set("tokens", f.tokens)
+                     .Set("q_heads", f.heads)
+                     .Set("kv_heads", f.kv_heads)
+                     .Set("head_dim", f.head_dim));
+  j.Set("dtype", f.dtype);
+  j.Set("threads", f.threads);
+  j.Set("warmup", f.warmup);
+  j.Set("iters", f.iters);
+  j.Set("seed", f.seed);
+  if (!r.kernel.empty()) j.Set("flash_kernel", r.kernel);
+  j.Set("check", !check.ran ? Json()
+                            : Json::Object()
+                                  .Set("tokens", check.tokens)
+                                  .Set("o_max_rel_err", check.stats.o_rel)
+                                  .Set("lse_max_abs_err", check.stats.lse_max_abs)
+                                  .Set("nonfinite", check.stats.nonfinite)
+                                  .Set("tolerance", check.tolerance)
+                                  .Set("passed", check.passed));
+  j.Set("times_s", Json::ArrayOf(r.times));
+  j.Set("median_s", r.median);
+  j.Set("tokens_per_s", r.tokens_per_s);
+  j.Set("admitted_pairs", r.pairs);
+  j.Set("flops", r.flops);
+  j.Set("flops_formula",
+        "4 * B * Hq * D * admitted_pairs_per_head (dilated: sum over branches and heads of "
+        "segment pairs, L^2 or L(L+1)/2 causal)");
+  j.Set("gflops", r.gflops);
+  j.Set("sparsity", r.sparsity);
+  j.Set("compile_ms", r.compile_ms);
+  j.Set("sgemm_gflops", r.gemm_gflops);
+  j.Set("sgemm_method", f.backend == "cpu"
+                            ? "Eigen float GEMM 1024x1024x1024, one per thread, concurrently, "
+                              "best of 4 per thread, summed"
+                            : "cuBLAS bf16 GEMM 8192x8192x8192 (f32 accumulate), 10 runs");
+  j.Set("attention_over_sgemm", r.ratio);
+  return j;
+}
+
+absl::Status Main() {
+  ATTN_ASSIGN_OR_RETURN(const Flags f, ReadFlags());
   ATTN_ASSIGN_OR_RETURN(const AttentionSpec spec, ParseSpecJson(f.spec));
   ATTN_ASSIGN_OR_RETURN(const DType dtype, ParseDType(f.dtype));
   const AttentionShape shape{f.batch, f.tokens, f.heads, f.kv_heads, f.head_dim};
@@ -280,21 +318,14 @@ absl::Status Main(int argc, char** argv) {
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<BenchBackend> backend, MakeBackend(f));
 
-  std::string command;
-  for (int i = 0; i < argc; ++i) {
-    absl::StrAppend(&command, i ? " " : "",
-                    std::string(argv[i]).find_first_of(" {\"") == std::string::npos
-                        ? std::string(argv[i])
-                        : absl::StrCat("'", argv[i], "'"));
-  }
   const std::string device = backend->device();
+  const std::string spec_json = SpecToJson(spec);
   std::printf("attnbench: %s\n  device %s\n  spec %s, [B=%lld, N=%lld, Hq=%lld, Hkv=%lld, D=%lld] %s\n",
-              f.backend.c_str(), device.c_str(), SpecToJson(spec).c_str(),
+              f.backend.c_str(), device.c_str(), spec_json.c_str(),
               static_cast<long long>(f.batch), static_cast<long long>(f.tokens),
               static_cast<long long>(f.heads), static_cast<long long>(f.kv_heads),
               static_cast<long long>(f.head_dim), f.dtype.c_str());
 
-  // (a) correctness at the check size.
   ATTN_ASSIGN_OR_RETURN(const CheckResult check, Check(f, spec, dtype, *backend));
   if (check.ran) {
     std::printf("  check N=%lld vs float64 reference: o max rel err %.3g (tol %.0e), lse max abs "
@@ -305,107 +336,12 @@ absl::Status Main(int argc, char** argv) {
   } else {
     std::printf("  check skipped (--check-tokens 0)\n");
   }
-
-  // (b) timing at the full size.
-  ATTN_ASSIGN_OR_RETURN(const Inputs in, MakeInputs(shape, dtype, f.seed));
-  const auto c0 = std::chrono::steady_clock::now();
-  ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
-                        CompilePattern(spec, shape.tokens, shape.q_heads));
-  const double compile_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
-  ATTN_RETURN_IF_ERROR(backend->Prepare(spec, compiled, in.q, in.k, in.v));
-  for (int64_t i = 0; i < f.warmup; ++i) ATTN_RETURN_IF_ERROR(backend->Run());
-  std::vector<double> times;
-  for (int64_t i = 0; i < f.iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ATTN_RETURN_IF_ERROR(backend->Run());
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                          : 0.5 * (sorted[sorted.size() / 2 - 1] +
-                                                   sorted[sorted.size() / 2]);
-
-  // (c) figures.
-  const int64_t pairs = AdmittedPairsAllHeads(spec, compiled, shape.q_heads);
-  const double flops = 4.0 * f.batch * f.head_dim * static_cast<double>(pairs);
-  const double gflops = flops / median / 1e9;
-  const double tokens_per_s = static_cast<double>(f.batch * f.tokens) / median;
-  // Block-level for layouts (skipped block pairs); token-level for dilated (no block layout
-  // spans the whole sequence).
-  const double sparsity =
-      compiled.dilated ? 1.0 - static_cast<double>(pairs) /
-                                   (static_cast<double>(f.tokens) * f.tokens * f.heads)
-                       : compiled.layout.sparsity();
-
-  // (d) the GEMM yardstick, measured after the attention so both see the same clocks.
-  ATTN_ASSIGN_OR_RETURN(const double gemm_gflops, backend->MeasureGemmGflops());
-  const double ratio = gflops / gemm_gflops;
-
-  std::printf("  compile %.3f ms, sparsity %.4f, admitted pairs %lld\n", compile_ms, sparsity,
-              static_cast<long long>(pairs));
-  std::printf("  median %.4f s over %lld iters (min %.4f, max %.4f)\n", median,
-              static_cast<long long>(f.iters), sorted.front(), sorted.back());
-  std::printf("  %.4g tokens/s, %.2f GFLOP/s attention, %.2f GFLOP/s sgemm, ratio %.3f\n",
-              tokens_per_s, gflops, gemm_gflops, ratio);
-  std::printf("\n| backend | spec | B | N | Hq | Hkv | D | dtype | median s | GFLOP/s | sgemm "
-              "GFLOP/s | ratio | check |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-              "| %s | `%s` | %lld | %lld | %lld | %lld | %lld | %s | %.4f | %.2f | %.2f | %.3f | "
-              "%s |\n",
-              f.backend.c_str(), SpecToJson(spec).c_str(), static_cast<long long>(f.batch),
-              static_cast<long long>(f.tokens), static_cast<long long>(f.heads),
-              static_cast<long long>(f.kv_heads), static_cast<long long>(f.head_dim),
-              f.dtype.c_str(), median, gflops, gemm_gflops, ratio,
-              !check.ran ? "skipped" : check.passed ? "pass" : "FAIL");
-
+  ATTN_ASSIGN_OR_RETURN(const Figures figures, TimeFullSize(f, spec, dtype, *backend));
+  PrintFigures(f, spec_json, check, figures);
   if (!f.json_out.empty()) {
-    std::string j = "{\n";
-    auto field = [&](const std::string& k, const std::string& v, bool last = false) {
-      absl::StrAppend(&j, "  ", JsonString(k), ": ", v, last ? "\n" : ",\n");
-    };
-    field("device", JsonString(device));
-    field("date", JsonString(absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(),
-                                              absl::UTCTimeZone())));
-    field("commit", JsonString(GitCommit()));
-    field("command", JsonString(command));
-    field("backend", JsonString(f.backend));
-    field("spec", SpecToJson(spec));
-    field("shape", absl::StrFormat(
-                       "{\"batch\": %d, \"tokens\": %d, \"q_heads\": %d, \"kv_heads\": %d, "
-                       "\"head_dim\": %d}",
-                       f.batch, f.tokens, f.heads, f.kv_heads, f.head_dim));
-    field("dtype", JsonString(f.dtype));
-    field("threads", absl::StrCat(f.threads));
-    field("warmup", absl::StrCat(f.warmup));
-    field("iters", absl::StrCat(f.iters));
-    field("seed", absl::StrCat(f.seed));
-    field("check", check.ran ? absl::StrFormat(
-                                   "{\"tokens\": %d, \"o_max_rel_err\": %.6g, \"lse_max_abs_err\": "
-                                   "%.6g, \"nonfinite\": %d, \"tolerance\": %g, \"passed\": %s}",
-                                   check.tokens, check.stats.o_rel, check.stats.lse_max_abs,
-                                   check.stats.nonfinite, check.tolerance,
-                                   check.passed ? "true" : "false")
-                             : "null");
-    field("times_s", absl::StrCat("[", absl::StrJoin(times, ", "), "]"));
-    field("median_s", absl::StrCat(median));
-    field("tokens_per_s", absl::StrCat(tokens_per_s));
-    field("admitted_pairs", absl::StrCat(pairs));
-    field("flops", absl::StrCat(flops));
-    field("flops_formula",
-          JsonString("4 * B * Hq * D * admitted_pairs_per_head (dilated: sum over branches and "
-                     "heads of segment pairs, L^2 or L(L+1)/2 causal)"));
-    field("gflops", absl::StrCat(gflops));
-    field("sparsity", absl::StrCat(sparsity));
-    field("compile_ms", absl::StrCat(compile_ms));
-    field("sgemm_gflops", absl::StrCat(gemm_gflops));
-    field("sgemm_method", JsonString("Eigen float GEMM 1024x1024x1024, one per thread, "
-                                     "concurrently, best of 4 per thread, summed"));
-    field("attention_over_sgemm", absl::StrCat(ratio), /*last=*/true);
-    j += "}\n";
-    std::ofstream out(f.json_out);
-    out << j;
-    if (!out) return absl::InternalError(absl::StrCat("--json-out: cannot write ", f.json_out));
+    const absl::Status written =
+        WriteJsonFile(f.json_out, ResultJson(f, device, spec_json, check, figures));
+    if (!written.ok()) return absl::InternalError(absl::StrCat("--json-out: ", written.message()));
     std::printf("  wrote %s\n", f.json_out.c_str());
   }
   if (check.ran && !check.passed) {
@@ -418,7 +354,8 @@ absl::Status Main(int argc, char** argv) {
 }  // namespace attnserve::bench
 
 int main(int argc, char** argv) {
-  const absl::Status s = attnserve::bench::Main(argc, argv);
+  absl::Status s = attnserve::bench::ParseBenchFlags(argc, argv, attnserve::bench::kUsage);
+  if (s.ok()) s = attnserve::bench::Main();
   if (!s.ok()) {
     std::fprintf(stderr, "attnbench: %s\n", s.ToString().c_str());
     return 1;

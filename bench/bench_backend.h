@@ -1,5 +1,5 @@
 // What attnbench drives: one backend holding one problem. attnbench's --backend switch picks the
-// implementation (MakeCpuBenchBackend now; a CUDA one adds a Make function and one case there).
+// implementation (MakeCpuBenchBackend here; MakeCudaBenchBackend in bench/cuda/cuda_bench.h).
 #ifndef ATTNSERVE_BENCH_BENCH_BACKEND_H_
 #define ATTNSERVE_BENCH_BENCH_BACKEND_H_
 
@@ -36,6 +36,10 @@ class BenchBackend {
   // The device's dense matrix-multiply rate in GFLOP/s in this process, the yardstick the
   // attention rate is reported against (CPU: Eigen sgemm on every thread at once).
   virtual absl::StatusOr<double> MeasureGemmGflops() = 0;
+
+  // The kernel the last Run() launched, as the launch reported it ("sm80", "sm90v3", ...); empty
+  // for backends without a kernel choice.
+  virtual std::string kernel() const { return ""; }
 };
 
 // threads: how many threads run the attention (the caller plus threads - 1 pool workers).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side of attnserve's CUDA kernels with PyTorch on the same GPU.
 
-Times, on the shapes of bench/cuda_bench.cc (attnbench_cuda):
+Times, on the shapes of bench/cuda/cases.cc (attnbench_cuda):
   * dense:   SDPA with the flash backend and with the cuDNN backend (non-causal and causal)
   * sparse:  FlexAttention with a BlockMask built from the identical CSR that attnbench_cuda
              dumped (--csr_dir), via BlockMask.from_kv_blocks; plus create_block_mask timing for

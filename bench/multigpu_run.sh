@@ -3,7 +3,7 @@
 # .gpu-bundle/bin (ATTN_BIN_DIR overrides). Steps, each bounded by `timeout`, total < 7 minutes:
 #   1. nvidia-smi, nvidia-smi topo -m                                      (~2 s)
 #   2. cuda_attention_test (single-GPU kernel regression: the flash_fwd params changed; <= 75 s),
-#      dist_ring_cuda_plan_test (<= 10 s), ring_cuda_test (<= 105 s; expected ~60 s)
+#      parallel_ring_cuda_plan_test (<= 10 s), ring_cuda_test (<= 105 s; expected ~60 s)
 #   3. attnbench_ring: T1 vs ring T2 at N = 256K, 512K; memory; longest N   (<= 165 s)
 #   4. torchrun compare_torch_ring.py at N = 256K (PyTorch + NCCL ring)      (<= 60 s)
 # Worst case ~420 s. Both benches rewrite their JSON after every case, so a timeout keeps results.
@@ -55,8 +55,8 @@ if [ -x "$BIN/cuda_attention_test" ]; then
 fi
 step "cuda_attention_test rc=$KERNEL_RC"
 PLAN_RC=na
-if [ -x "$BIN/dist_ring_cuda_plan_test" ]; then
-  timeout -k 5 10 "$BIN/dist_ring_cuda_plan_test" --gtest_color=no >> "$OUT/ring_tests.log" 2>&1
+if [ -x "$BIN/parallel_ring_cuda_plan_test" ]; then
+  timeout -k 5 10 "$BIN/parallel_ring_cuda_plan_test" --gtest_color=no >> "$OUT/ring_tests.log" 2>&1
   PLAN_RC=$?
 fi
 timeout -k 5 105 "$BIN/ring_cuda_test" --gtest_color=no >> "$OUT/ring_tests.log" 2>&1
@@ -82,7 +82,7 @@ step "compare_torch_ring rc=$TORCH_RC"
   echo ""
   echo "## Verdicts"
   echo "- cuda_attention_test rc=$KERNEL_RC: $(grep -E '^\[  (PASSED|FAILED)  \]' /tmp/attn_kernel_tests.log 2>/dev/null | head -2 | tr '\n' ' ')"
-  echo "- dist_ring_cuda_plan_test rc=$PLAN_RC; ring_cuda_test rc=$TEST_RC: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/ring_tests.log" | tail -3 | tr '\n' ' ')"
+  echo "- parallel_ring_cuda_plan_test rc=$PLAN_RC; ring_cuda_test rc=$TEST_RC: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/ring_tests.log" | tail -3 | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/ring_tests.log" | head -20 | sed 's/^/  /'
   echo "- attnbench_ring rc=$BENCH_RC; compare_torch_ring rc=$TORCH_RC"
   echo ""

@@ -20,8 +20,8 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/client_callback.h"
-#include "server/spec_convert.h"
-#include "server/status_util.h"
+#include "wire/convert.h"
+#include "wire/status.h"
 
 namespace attnserve::client {
 namespace {

@@ -185,5 +185,52 @@ TEST(AttnserveBinaryTest, CudaBackendInCpuBuildFailsClearly) {
 #endif
 }
 
+// Everything the binary prints for `args` (stdout and stderr), and its exit code.
+std::pair<std::string, int> Output(const std::string& args) {
+  const std::string cmd = absl::StrCat(ATTNSERVE_BINARY, " ", args, " 2>&1");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return {"popen failed", -1};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// --help lists the server's own flags, and every flag README.md's "Server flags" section names
+// exists (README flags are spelled with dashes, absl's with underscores).
+TEST(AttnserveBinaryTest, HelpListsEveryDocumentedFlag) {
+  const auto [help, code] = Output("--help");
+  EXPECT_EQ(code, 1);  // absl exits 1 after printing usage
+  EXPECT_THAT(help, ::testing::Not(::testing::HasSubstr("No flags matched")));
+  std::ifstream readme(ATTNSERVE_README);
+  ASSERT_TRUE(readme) << ATTNSERVE_README;
+  std::string line, section;
+  bool in_flags = false;
+  while (std::getline(readme, line)) {
+    if (line.rfind("## ", 0) == 0) in_flags = line == "## Server flags";
+    if (in_flags) section += line + "\n";
+  }
+  ASSERT_FALSE(section.empty()) << "README.md has no \"## Server flags\" section";
+  int documented = 0;
+  for (size_t at = section.find("`--"); at != std::string::npos; at = section.find("`--", at + 1)) {
+    size_t end = at + 3;
+    while (end < section.size() && (std::isalnum(section[end]) || section[end] == '-')) ++end;
+    std::string flag = section.substr(at + 3, end - at - 3);
+    std::replace(flag.begin(), flag.end(), '-', '_');
+    if (flag == "help" || flag == "version") continue;
+    ++documented;
+    EXPECT_THAT(help, ::testing::HasSubstr(absl::StrCat("--", flag, " "))) << flag;
+  }
+  EXPECT_GE(documented, 10);
+}
+
+TEST(AttnserveBinaryTest, VersionNamesVersionAndBuildType) {
+  const auto [out, code] = Output("--version");
+  EXPECT_EQ(code, 0);
+  EXPECT_THAT(out, ::testing::MatchesRegex("attnserve [0-9]+\\.[0-9]+\\.[0-9]+ \\(.* build\\)\n"));
+}
+
 }  // namespace
 }  // namespace attnserve

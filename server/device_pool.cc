@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/cpu/cpu_device.h"
 
 #if defined(ATTNSERVE_HAVE_CUDA)
 #include "core/cuda/cuda_device.h"
@@ -68,7 +69,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCuda(const DevicePoolOp
   if (ordinals.empty()) {
     return absl::FailedPreconditionError("--backend=cuda: no CUDA device is visible");
   }
-  return MakeCudaDevices(ordinals);
+  return MakeCudaDevices(ordinals, options.cuda);
 }
 #endif
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/cuda/cuda_options.h"
 #include "core/engine/device.h"
 
 namespace attnserve {
@@ -29,6 +30,7 @@ struct DevicePoolOptions {
   std::optional<std::vector<int>> devices;       // indices to use; nullopt: all
   int cpu_workers = 1;                           // CPU devices (cpu:0 .. cpu:N-1)
   int cpu_threads = 0;                           // threads per CPU device; 0: cores / workers
+  CudaOptions cuda;                              // engine and kernel choices of CUDA devices
 };
 
 class DevicePool {

@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,10 +24,12 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "core/cuda/cuda_options.h"
+#include "core/util/flag_names.h"
 #include "server/device_pool.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
-#include "server/service.h"
+#include "server/grpc/service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -53,6 +56,15 @@ ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{64} << 20, "largest accepted request
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in progress may take to finish");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|critical|off");
+ABSL_FLAG(std::string, attention_engine, "auto",
+          "CUDA backend: engine for dense/window specs: auto (cuDNN where it can run the case, "
+          "else our kernels) | own (our kernels only) | cudnn (cuDNN, no fallback)");
+ABSL_FLAG(std::string, flash_kernel, "auto",
+          "CUDA backend: our flash kernel: auto (Hopper wgmma kernel on 9.x GPUs, else sm80) | "
+          "sm80 | sm90");
+ABSL_FLAG(std::string, sm90_schedule, "persistent",
+          "CUDA backend: the Hopper kernel's schedule: persistent | warp_specialized | "
+          "single_tile");
 
 namespace attnserve {
 namespace {
@@ -78,6 +90,25 @@ std::string WithPort(const std::string& address, int port) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) return absl::StrCat(address, ":", port);
   return absl::StrCat(address.substr(0, colon), ":", port);
+}
+
+// The CUDA backend's choices from the flags, then the environment's overrides (read once, here:
+// ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT, ...; for A/B runs).
+absl::StatusOr<CudaOptions> CudaOptionsFromFlags() {
+  CudaOptions options;
+  absl::StatusOr<AttentionEngine> engine =
+      ParseAttentionEngine(absl::GetFlag(FLAGS_attention_engine), "--attention-engine");
+  if (!engine.ok()) return engine.status();
+  options.engine = *engine;
+  absl::StatusOr<FlashKernelArch> arch =
+      ParseFlashKernelArch(absl::GetFlag(FLAGS_flash_kernel), "--flash-kernel");
+  if (!arch.ok()) return arch.status();
+  options.flash.arch = *arch;
+  absl::StatusOr<Sm90Schedule> schedule =
+      ParseSm90Schedule(absl::GetFlag(FLAGS_sm90_schedule), "--sm90-schedule");
+  if (!schedule.ok()) return schedule.status();
+  options.flash.sm90_schedule = *schedule;
+  return CudaOptionsFromEnv(options);
 }
 
 int Fail(const absl::Status& status) {
@@ -113,6 +144,9 @@ int Main() {
   }
   pool_options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   pool_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  absl::StatusOr<CudaOptions> cuda = CudaOptionsFromFlags();
+  if (!cuda.ok()) return Fail(cuda.status());
+  pool_options.cuda = *cuda;
   absl::StatusOr<std::unique_ptr<DevicePool>> pool = DevicePool::Create(pool_options);
   if (!pool.ok()) return Fail(pool.status());
 
@@ -124,6 +158,7 @@ int Main() {
 
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  scheduler_options.cuda = pool_options.cuda;
   if (absl::GetFlag(FLAGS_max_inflight_bytes) != 0) {
     scheduler_options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   }
@@ -224,22 +259,21 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "attnserve --listen=0.0.0.0:50051 --metrics-listen=0.0.0.0:9464 --backend=auto\n"
-      "The attention service (gRPC attnserve.v1.AttentionService). See server/README.md.");
-  // Flags are spelled with dashes (--metrics-listen); absl names them with underscores. Rewrite
-  // the name part of every "--name[=value]" argument before parsing; values stay untouched.
-  std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string& a = args[i];
-    if (a == "--") break;
-    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    for (size_t j = 2; j < end; ++j) {
-      if (a[j] == '-') a[j] = '_';
-    }
-  }
-  std::vector<char*> rewritten;
-  for (std::string& a : args) rewritten.push_back(a.data());
-  rewritten.push_back(nullptr);
-  absl::ParseCommandLine(argc, rewritten.data());
+      "The attention service (gRPC attnserve.v1.AttentionService). Flags may be spelled with "
+      "dashes (--metrics-listen) or underscores (--metrics_listen). See README.md.");
+  // --help and --helpshort list this file's flags (absl's default matches only files named after
+  // the program); --version prints the version and the build type.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] {
+    return std::string("attnserve " ATTNSERVE_VERSION " (") + ATTNSERVE_BUILD_TYPE + " build)\n";
+  };
+  absl::SetFlagsUsageConfig(usage);
+  // Flags are spelled with dashes (--metrics-listen); absl names them with underscores.
+  attnserve::UnderscoredArgv args(argc, argv);
+  absl::ParseCommandLine(args.argc(), args.argv());
   return attnserve::Main();
 }

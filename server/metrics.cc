@@ -9,7 +9,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/text_serializer.h"
-#include "server/status_util.h"
+#include "wire/status.h"
 
 namespace attnserve {
 namespace {

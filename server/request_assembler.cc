@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
-#include "server/spec_convert.h"
+#include "wire/convert.h"
 
 namespace attnserve {
 namespace {

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/cpu/cpu_device.h"
 
 namespace attnserve {
 namespace {
@@ -25,6 +26,10 @@ class GateDevice final : public Device {
   std::string name() const override { return absl::StrCat("cpu:", index_); }
   std::string uuid() const override { return absl::StrCat("cpu-", index_); }
   std::string model() const override { return "gate"; }
+  bool HeadDimSupported(int64_t) const override { return true; }
+  absl::Status RunTask(int64_t, const DeviceTask&) override {
+    return absl::UnimplementedError("gate device: no tasks");
+  }
   DeviceStats Stats() const override {
     DeviceStats s;
     s.memory_free_bytes = int64_t{1} << 40;
@@ -111,7 +116,7 @@ TEST(SchedulerTest, QueueLimit) {
     JobResult result = r->get_future().get();
     EXPECT_TRUE(result.status.ok()) << result.status;
     EXPECT_EQ(result.devices, std::vector<std::string>{"cpu:0"});
-    EXPECT_EQ(result.placement, v1::PLACEMENT_SINGLE);
+    EXPECT_EQ(result.placement, Placement::kSingle);
     EXPECT_EQ(result.info.flops, 10);
   }
   EXPECT_EQ(h.scheduler->queue_length(), 0u);
@@ -193,7 +198,7 @@ HostTensor Filled(std::vector<int64_t> dims, uint32_t seed) {
   return t;
 }
 
-std::shared_ptr<Job> MakeAttentionJob(std::promise<JobResult>* result, v1::Placement hint,
+std::shared_ptr<Job> MakeAttentionJob(std::promise<JobResult>* result, PlacementHint hint,
                                       bool causal) {
   auto job = std::make_shared<Job>();
   job->shape = AttentionShape{2, 101, 4, 2, 16};
@@ -220,20 +225,20 @@ TEST(MultiDeviceSchedulerTest, RingAndDataParallelMatchSingle) {
   CpuHarness h(3);
   for (bool causal : {false, true}) {
     std::promise<JobResult> rs, rr, rd;
-    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&rs, v1::PLACEMENT_SINGLE, causal)).ok());
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&rs, PlacementHint::kSingle, causal)).ok());
     JobResult single = rs.get_future().get();
     ASSERT_TRUE(single.status.ok()) << single.status;
-    EXPECT_EQ(single.placement, v1::PLACEMENT_SINGLE);
-    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&rr, v1::PLACEMENT_RING, causal)).ok());
+    EXPECT_EQ(single.placement, Placement::kSingle);
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&rr, PlacementHint::kRing, causal)).ok());
     ASSERT_TRUE(
-        h.scheduler->Submit(MakeAttentionJob(&rd, v1::PLACEMENT_DATA_PARALLEL, causal)).ok());
+        h.scheduler->Submit(MakeAttentionJob(&rd, PlacementHint::kDataParallel, causal)).ok());
     JobResult ring = rr.get_future().get();
     JobResult dp = rd.get_future().get();
     ASSERT_TRUE(ring.status.ok()) << ring.status;
     ASSERT_TRUE(dp.status.ok()) << dp.status;
-    EXPECT_EQ(ring.placement, v1::PLACEMENT_RING);
+    EXPECT_EQ(ring.placement, Placement::kRing);
     EXPECT_EQ(ring.devices.size(), 3u);
-    EXPECT_EQ(dp.placement, v1::PLACEMENT_DATA_PARALLEL);
+    EXPECT_EQ(dp.placement, Placement::kDataParallel);
     EXPECT_EQ(dp.devices.size(), 3u);  // 4 batch x kv-head units over 3 devices
     EXPECT_LE(MaxAbsDiff(ring.outputs.o, single.outputs.o), 1e-5);
     EXPECT_LE(MaxAbsDiff(ring.outputs.lse, single.outputs.lse), 1e-5);
@@ -250,12 +255,12 @@ TEST(MultiDeviceSchedulerTest, RingAndDataParallelMatchSingle) {
 TEST(MultiDeviceSchedulerTest, CancelledRingFailsAndReleasesTheGroup) {
   CpuHarness h(2);
   std::promise<JobResult> r1, r2;
-  auto cancelled = MakeAttentionJob(&r1, v1::PLACEMENT_RING, false);
+  auto cancelled = MakeAttentionJob(&r1, PlacementHint::kRing, false);
   cancelled->cancel.store(true);
   ASSERT_TRUE(h.scheduler->Submit(cancelled).ok());
   EXPECT_EQ(r1.get_future().get().status.code(), absl::StatusCode::kCancelled);
   // Both devices are free again: the next ring runs.
-  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r2, v1::PLACEMENT_RING, true)).ok());
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r2, PlacementHint::kRing, true)).ok());
   JobResult ok = r2.get_future().get();
   EXPECT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.devices.size(), 2u);
@@ -263,12 +268,13 @@ TEST(MultiDeviceSchedulerTest, CancelledRingFailsAndReleasesTheGroup) {
 
 TEST(MultiDeviceSchedulerTest, OneDeviceIsAlwaysSingle) {
   CpuHarness h(1);
-  for (v1::Placement hint : {v1::PLACEMENT_RING, v1::PLACEMENT_DATA_PARALLEL, v1::PLACEMENT_AUTO}) {
+  for (PlacementHint hint :
+       {PlacementHint::kRing, PlacementHint::kDataParallel, PlacementHint::kAuto}) {
     std::promise<JobResult> r;
     ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r, hint, false)).ok());
     JobResult result = r.get_future().get();
     EXPECT_TRUE(result.status.ok()) << result.status;
-    EXPECT_EQ(result.placement, v1::PLACEMENT_SINGLE);
+    EXPECT_EQ(result.placement, Placement::kSingle);
     EXPECT_EQ(result.devices, std::vector<std::string>{"cpu:0"});
   }
 }
@@ -276,7 +282,7 @@ TEST(MultiDeviceSchedulerTest, OneDeviceIsAlwaysSingle) {
 TEST(MultiDeviceSchedulerTest, ImpossibleHintIsRejected) {
   CpuHarness h(2);
   std::promise<JobResult> r;
-  auto job = MakeAttentionJob(&r, v1::PLACEMENT_DATA_PARALLEL, false);
+  auto job = MakeAttentionJob(&r, PlacementHint::kDataParallel, false);
   job->shape = AttentionShape{1, 101, 4, 1, 16};  // one batch x kv-head unit
   job->k = Filled({1, 101, 1, 16}, 2);
   job->v = Filled({1, 101, 1, 16}, 3);
@@ -289,11 +295,13 @@ TEST(MultiDeviceSchedulerTest, ImpossibleHintIsRejected) {
 TEST(MultiDeviceSchedulerTest, MixedPlacementsConcurrently) {
   CpuHarness h(3);
   std::promise<JobResult> reference;
-  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&reference, v1::PLACEMENT_SINGLE, true)).ok());
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&reference, PlacementHint::kSingle, true)).ok());
   const JobResult single = reference.get_future().get();
   ASSERT_TRUE(single.status.ok()) << single.status;
-  const v1::Placement hints[] = {v1::PLACEMENT_RING, v1::PLACEMENT_SINGLE,
-                                 v1::PLACEMENT_DATA_PARALLEL, v1::PLACEMENT_AUTO};
+  const PlacementHint hints[] = {PlacementHint::kRing, PlacementHint::kSingle,
+                                 PlacementHint::kDataParallel, PlacementHint::kAuto};
+  const Placement placements[] = {Placement::kRing, Placement::kSingle, Placement::kDataParallel,
+                                  Placement::kSingle};
   std::vector<std::promise<JobResult>> results(16);
   for (size_t i = 0; i < results.size(); ++i) {
     ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&results[i], hints[i % 4], true)).ok());
@@ -302,7 +310,7 @@ TEST(MultiDeviceSchedulerTest, MixedPlacementsConcurrently) {
     JobResult r = results[i].get_future().get();
     ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
     EXPECT_LE(MaxAbsDiff(r.outputs.o, single.outputs.o), 1e-5) << i;
-    if (hints[i % 4] != v1::PLACEMENT_AUTO) EXPECT_EQ(r.placement, hints[i % 4]) << i;
+    if (hints[i % 4] != PlacementHint::kAuto) EXPECT_EQ(r.placement, placements[i % 4]) << i;
   }
   EXPECT_EQ(h.scheduler->queue_length(), 0u);
 }

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/engine/types.h"
 #include "core/spec/attention_spec.h"
 #include "core/spec/pattern_compiler.h"
 #include "core/spec/rect_layout.h"
@@ -22,11 +23,6 @@
 
 namespace attnserve {
 
-struct AttentionOutputs {
-  HostTensor o;    // [B, N, Hq, D] in the input dtype
-  HostTensor lse;  // [B, Hq, N] f32; -inf where a row has no admissible key (O = 0 there)
-};
-
 struct CpuRunOptions {
   ThreadPool* pool = nullptr;          // null: run on the calling thread
   MemoryTracker* tracker = nullptr;    // charged with outputs and workspaces
@@ -34,6 +30,12 @@ struct CpuRunOptions {
   const std::atomic<bool>* cancel = nullptr;
   CompileOptions compile;              // block size for dense/window/dilated
 };
+
+// The head dims the CPU backend runs: any from 1 to kMaxHeadDim (core/spec). The one statement of
+// the CPU backend's capability; its Device and Describe read it.
+constexpr bool CpuSupportsHeadDim(int64_t head_dim) {
+  return head_dim >= 1 && head_dim <= kMaxHeadDim;
+}
 
 // Validates, compiles and runs `spec` on q [B, N, Hq, D], k/v [B, N, Hkv, D] (same dtype).
 absl::StatusOr<AttentionOutputs> CpuAttention(const AttentionSpec& spec, const HostTensor& q,

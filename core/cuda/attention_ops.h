@@ -26,7 +26,7 @@ cudaError_t LaunchFillUniform(DType dtype, void* out, int64_t n, uint64_t seed, 
                               cudaStream_t stream);
 
 // LSE-merges a partial result (o, lse) into float32 accumulators (acc_o, acc_lse), the rule of
-// ARCHITECTURE.md: L = log(e^L_acc + e^L_new), O = e^(L_acc - L) O_acc + e^(L_new - L) O_new.
+// docs/DESIGN.md, "The math": L = log(e^L_acc + e^L_new), O = e^(L_acc - L) O_acc + e^(L_new - L) O_new.
 // Rows whose new lse is -inf (nothing admitted) leave the accumulators untouched; an accumulator
 // row at -inf (empty) takes the new row. o [batch, rows, heads, head_dim] (bf16 or f16) and
 // lse [batch, heads, rows] are contiguous; acc_o rows are heads * head_dim floats apart with

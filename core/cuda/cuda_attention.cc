@@ -10,10 +10,12 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/flash_fwd/flash_fwd_head_dims.h"
 #include "core/cuda/flash_fwd/flash_fwd_launch.h"
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
+#include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -59,15 +61,47 @@ std::vector<int32_t> HeavyFirstOrder(const std::vector<int64_t>& row_ptr) {
 
 int64_t DensePairs(int64_t n, bool causal) { return causal ? n * (n + 1) / 2 : n * n; }
 
+// Device bytes of an uploaded block layout of `num_blocks` query blocks and `kept` CSR entries
+// (row_ptr int64, col_idx int32, mask uint8, heavy-first row order int32): what Create uploads
+// and what EstimateBytes bounds.
+int64_t CsrBytes(int64_t num_blocks, int64_t kept) {
+  return (num_blocks + 1) * 8 + kept * 5 + num_blocks * 4;
+}
+
+// The block size EstimateBytes assumes (the smallest: the most blocks).
+constexpr int64_t kEstimateBlockSize = 64;
+
 }  // namespace
 
-bool CudaSupportsHeadDim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool CudaSupportsHeadDim(int64_t head_dim) { return FlashFwdHasHeadDim(head_dim); }
 
-absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
-  if (p.head_dim != 64 && p.head_dim != 128) {
-    return absl::UnimplementedError(
-        absl::StrCat("shape.head_dim: the CUDA kernels support 64 and 128, got ", p.head_dim));
+absl::Status CudaCheckHeadDim(int64_t head_dim) {
+  if (CudaSupportsHeadDim(head_dim)) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat("shape.head_dim: the CUDA backend supports head dims ",
+                   absl::StrJoin(kFlashFwdHeadDims, ", "), ", got ", head_dim));
+}
+
+CudaWorkspaceSizes CudaWorkspaceSizesFor(const AttentionSpec& spec, const AttentionShape& shape,
+                                         DType dtype) {
+  const int64_t nq = shape.batch * shape.tokens * shape.q_heads * shape.head_dim;
+  const int64_t nkv = shape.batch * shape.tokens * shape.kv_heads * shape.head_dim;
+  const bool dilated = std::holds_alternative<DilatedSpec>(spec.pattern);
+  CudaWorkspaceSizes w;
+  if (dtype == DType::kF32) {
+    w.q_bf16 = nq * 2;
+    w.k_bf16 = nkv * 2;
+    w.v_bf16 = nkv * 2;
+    if (!dilated) w.o_bf16 = nq * 2;
+  } else if (dilated) {
+    w.o_acc_f32 = nq * 4;
   }
+  return w;
+}
+
+absl::Status RunAttentionForward(const FlashFwdParams& p, const FlashKernelOptions& options,
+                                 cudaStream_t stream, FlashKernel* ran) {
+  ATTN_RETURN_IF_ERROR(CudaCheckHeadDim(p.head_dim));
   if (p.block_size != 64 && p.block_size != 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("block_size: must be 64 or 128, got ", p.block_size));
@@ -107,18 +141,19 @@ absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
   for (int64_t s : {p.q_batch_stride, p.q_seg_stride, p.q_row_stride, p.q_head_stride,
                     p.k_batch_stride, p.k_seg_stride, p.k_row_stride, p.k_head_stride,
                     p.v_batch_stride, p.v_seg_stride, p.v_row_stride, p.v_head_stride}) {
-    if (!Aligned8(s)) return absl::InvalidArgumentError("flash_fwd: strides must be multiples of 8");
+    if (!Aligned8(s)) {
+      return absl::InvalidArgumentError("flash_fwd: strides must be multiples of 8");
+    }
   }
   for (const void* ptr : {p.q, p.k, p.v}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
       return absl::InvalidArgumentError("flash_fwd: q/k/v must be 16-byte aligned");
     }
   }
-  // Kernel choice (ATTNSERVE_FLASH_KERNEL=auto|sm80|sm90; see flash_fwd_sm90/flash_fwd_sm90.h).
-  ATTN_ASSIGN_OR_RETURN(const char* kernel, FlashKernelFor(p));
+  ATTN_ASSIGN_OR_RETURN(const FlashKernel kernel, FlashKernelFor(p, options));
   cudaError_t err = cudaSuccess;
-  if (kernel == kFlashKernelSm90) {
-    err = RunFlashFwdSm90(p, stream);
+  if (kernel != FlashKernel::kSm80) {
+    err = RunFlashFwdSm90(p, kernel, options, stream);
   } else if (p.dtype == DType::kBF16) {
     err = p.head_dim == 64 ? DispatchBlock<64, __nv_bfloat16>(p, stream)
                            : DispatchBlock<128, __nv_bfloat16>(p, stream);
@@ -127,7 +162,7 @@ absl::Status RunAttentionForward(const FlashFwdParams& p, cudaStream_t stream) {
                            : DispatchBlock<128, __half>(p, stream);
   }
   CUDA_RETURN_IF_ERROR(err);
-  SetLastFlashKernelName(kernel);
+  if (ran != nullptr) *ran = kernel;
   return absl::OkStatus();
 }
 
@@ -176,10 +211,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
     cudaStream_t stream, const CompiledPattern* compiled, const Options& options) {
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
-  if (!CudaSupportsHeadDim(shape.head_dim)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "shape.head_dim: the CUDA backend supports head dims 64 and 128, got ", shape.head_dim));
-  }
+  ATTN_RETURN_IF_ERROR(CudaCheckHeadDim(shape.head_dim));
   if (shape.q_heads > kMaxGridYZ || shape.batch > kMaxGridYZ) {
     return absl::InvalidArgumentError("shape: q_heads and batch must be <= 65535 on CUDA");
   }
@@ -189,72 +221,83 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
   plan->compute_dtype_ = dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
   plan->scale_ = EffectiveScale(spec, shape.head_dim);
   plan->causal_ = spec.causal;
+  plan->kernel_options_ = options.kernel;
   plan->alloc_ = &alloc;
-  const int64_t b = shape.batch, n = shape.tokens, hq = shape.q_heads, d = shape.head_dim;
-  const int64_t hkv = shape.kv_heads;
-  if (dtype == DType::kF32) {
-    plan->workspace_bytes_ = (b * n * (2 * hq + 2 * hkv) * d) * 2;  // bf16 q, k, v, o
-  }
-
+  plan->workspace_ = CudaWorkspaceSizesFor(spec, shape, dtype);
   if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
     CompiledPattern local;
     if (compiled == nullptr) {
-      ATTN_ASSIGN_OR_RETURN(local, CompilePattern(spec, n, hq, options.compile));
+      ATTN_ASSIGN_OR_RETURN(local,
+                            CompilePattern(spec, shape.tokens, shape.q_heads, options.compile));
       compiled = &local;
     }
-    if (!compiled->dilated) return absl::InvalidArgumentError("dilated spec without a plan");
-    auto dil = std::make_unique<Dilated>();
-    dil->block_size = options.compile.block_size;
-    double pairs_heads = 0;  // sum over (branch, head) of admitted pairs
-    for (const DilatedBranch& br : compiled->dilated->branches) {
-      Dilated::Branch branch;
-      branch.rate = br.rate;
-      for (const DilatedGroup& gr : br.groups) {
-        Dilated::Group group;
-        group.offset = gr.offset;
-        group.num_heads = static_cast<int32_t>((hq - gr.offset + br.rate - 1) / br.rate);
-        if (group.num_heads <= 0 || gr.positions.empty()) continue;
-        int64_t group_pairs = 0;
-        for (size_t t = 0; t + 1 < gr.seg_start.size(); ++t) {
-          const int64_t s0 = gr.seg_start[t];
-          const int64_t len = gr.seg_start[t + 1] - s0;
-          if (len == 0) continue;
-          const int64_t first = gr.positions[s0];
-          // The strided reads rely on each segment being an arithmetic progression of step r.
-          if (gr.positions[s0 + len - 1] != first + (len - 1) * br.rate) {
-            return absl::InternalError(absl::StrCat(
-                "dilated plan: segment ", t, " of rate ", br.rate, " offset ", gr.offset,
-                " is not an arithmetic progression of step ", br.rate));
-          }
-          group_pairs += DensePairs(len, spec.causal);
-          Dilated::Run* last = group.runs.empty() ? nullptr : &group.runs.back();
-          if (last != nullptr && last->length == len &&
-              first == last->first + last->count * br.segment_length &&
-              (last->count + 1) * b <= kMaxGridYZ) {
-            ++last->count;
-          } else {
-            group.runs.push_back({first, len, 1, br.segment_length});
-          }
-        }
-        pairs_heads += static_cast<double>(group_pairs) * group.num_heads;
-        branch.groups.push_back(std::move(group));
-      }
-      dil->branches.push_back(std::move(branch));
-    }
-    plan->flops_ = 4.0 * b * d * pairs_heads;
-    plan->sparsity_ = compiled->layout.sparsity();
-    // The f32 O accumulator (the output itself when the output is f32).
-    if (dtype != DType::kF32) plan->workspace_bytes_ += b * n * hq * d * 4;
-    plan->dilated_ = std::move(dil);
-    return plan;
+    ATTN_RETURN_IF_ERROR(plan->BuildDilated(spec, *compiled, options.compile.block_size));
+  } else {
+    ATTN_RETURN_IF_ERROR(plan->BuildLayout(spec, compiled, options.compile, stream));
   }
+  return plan;
+}
 
+absl::Status CudaAttentionPlan::BuildDilated(const AttentionSpec& spec,
+                                             const CompiledPattern& compiled,
+                                             int32_t block_size) {
+  if (!compiled.dilated) return absl::InvalidArgumentError("dilated spec without a plan");
+  const int64_t b = shape_.batch, hq = shape_.q_heads, d = shape_.head_dim;
+  auto dil = std::make_unique<Dilated>();
+  dil->block_size = block_size;
+  double pairs_heads = 0;  // sum over (branch, head) of admitted pairs
+  for (const DilatedBranch& br : compiled.dilated->branches) {
+    Dilated::Branch branch;
+    branch.rate = br.rate;
+    for (const DilatedGroup& gr : br.groups) {
+      Dilated::Group group;
+      group.offset = gr.offset;
+      group.num_heads = static_cast<int32_t>((hq - gr.offset + br.rate - 1) / br.rate);
+      if (group.num_heads <= 0 || gr.positions.empty()) continue;
+      int64_t group_pairs = 0;
+      for (size_t t = 0; t + 1 < gr.seg_start.size(); ++t) {
+        const int64_t s0 = gr.seg_start[t];
+        const int64_t len = gr.seg_start[t + 1] - s0;
+        if (len == 0) continue;
+        const int64_t first = gr.positions[s0];
+        // The strided reads rely on each segment being an arithmetic progression of step r.
+        if (gr.positions[s0 + len - 1] != first + (len - 1) * br.rate) {
+          return absl::InternalError(absl::StrCat(
+              "dilated plan: segment ", t, " of rate ", br.rate, " offset ", gr.offset,
+              " is not an arithmetic progression of step ", br.rate));
+        }
+        group_pairs += DensePairs(len, spec.causal);
+        Dilated::Run* last = group.runs.empty() ? nullptr : &group.runs.back();
+        if (last != nullptr && last->length == len &&
+            first == last->first + last->count * br.segment_length &&
+            (last->count + 1) * b <= kMaxGridYZ) {
+          ++last->count;
+        } else {
+          group.runs.push_back({first, len, 1, br.segment_length});
+        }
+      }
+      pairs_heads += static_cast<double>(group_pairs) * group.num_heads;
+      branch.groups.push_back(std::move(group));
+    }
+    dil->branches.push_back(std::move(branch));
+  }
+  flops_ = 4.0 * b * d * pairs_heads;
+  sparsity_ = compiled.layout.sparsity();
+  dilated_ = std::move(dil);
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttentionPlan::BuildLayout(const AttentionSpec& spec,
+                                            const CompiledPattern* compiled,
+                                            const CompileOptions& options, cudaStream_t stream) {
+  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, d = shape_.head_dim;
+  CachingAllocator& alloc = *alloc_;
   auto layout = std::make_unique<Layout>();
   const bool dense = std::holds_alternative<DenseSpec>(spec.pattern);
   if (dense && compiled == nullptr) {
     // Dense needs no CSR: the kernel walks [0, nb) (or [0, i] when causal) itself, so dense
     // requests of any length hold O(nb) plan memory (the heavy-first row order) only.
-    layout->block_size = options.compile.block_size;
+    layout->block_size = options.block_size;
     layout->num_blocks = NumBlocks(n, layout->block_size);
     layout->implicit_dense = true;
     layout->dense_causal = spec.causal;
@@ -264,49 +307,50 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
         order[i] = static_cast<int32_t>(layout->num_blocks - 1 - i);
       }
       ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
-      plan->plan_bytes_ += layout->num_blocks * 4;
+      plan_bytes_ += layout->num_blocks * 4;
     }
-    plan->flops_ = 4.0 * b * hq * d * static_cast<double>(DensePairs(n, spec.causal));
+    flops_ = 4.0 * b * hq * d * static_cast<double>(DensePairs(n, spec.causal));
     const double nb = static_cast<double>(layout->num_blocks);
-    plan->sparsity_ = spec.causal ? 1.0 - (nb * (nb + 1) / 2) / (nb * nb) : 0.0;
-  } else {
-    BlockLayout local;
-    const BlockLayout* bl = nullptr;
-    if (compiled != nullptr) {
-      bl = &compiled->layout;
-    } else {
-      ATTN_ASSIGN_OR_RETURN(local, CompileBlockLayout(spec, n, options.compile));
-      bl = &local;
-    }
-    if (bl->seq_len != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("compiled layout has ", bl->seq_len, " tokens, shape has ", n));
-    }
-    layout->block_size = bl->block_size;
-    layout->num_blocks = bl->num_blocks;
-    layout->rule = bl->rule;
-    std::vector<int32_t> order = HeavyFirstOrder(bl->row_ptr);
-    std::vector<uint8_t> mask(bl->mask.size());
-    for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(bl->mask[i]);
-    layout->kept_blocks = bl->kept_blocks();
-    ATTN_ASSIGN_OR_RETURN(layout->row_ptr, Upload(alloc, bl->row_ptr, stream));
-    ATTN_ASSIGN_OR_RETURN(layout->col_idx, Upload(alloc, bl->col_idx, stream));
-    ATTN_ASSIGN_OR_RETURN(layout->mask, Upload(alloc, mask, stream));
-    ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
-    plan->plan_bytes_ = (bl->num_blocks + 1) * 8 + bl->kept_blocks() * 5 + bl->num_blocks * 4;
-    plan->flops_ = 4.0 * b * hq * d * static_cast<double>(bl->AdmittedPairs());
-    plan->sparsity_ = bl->sparsity();
+    sparsity_ = spec.causal ? 1.0 - (nb * (nb + 1) / 2) / (nb * nb) : 0.0;
+    layout_ = std::move(layout);
+    return absl::OkStatus();
   }
-  plan->layout_ = std::move(layout);
-  return plan;
+  BlockLayout local;
+  const BlockLayout* bl = nullptr;
+  if (compiled != nullptr) {
+    bl = &compiled->layout;
+  } else {
+    ATTN_ASSIGN_OR_RETURN(local, CompileBlockLayout(spec, n, options));
+    bl = &local;
+  }
+  if (bl->seq_len != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compiled layout has ", bl->seq_len, " tokens, shape has ", n));
+  }
+  layout->block_size = bl->block_size;
+  layout->num_blocks = bl->num_blocks;
+  layout->rule = bl->rule;
+  std::vector<int32_t> order = HeavyFirstOrder(bl->row_ptr);
+  std::vector<uint8_t> mask(bl->mask.size());
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(bl->mask[i]);
+  layout->kept_blocks = bl->kept_blocks();
+  ATTN_ASSIGN_OR_RETURN(layout->row_ptr, Upload(alloc, bl->row_ptr, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->col_idx, Upload(alloc, bl->col_idx, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->mask, Upload(alloc, mask, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
+  plan_bytes_ = CsrBytes(bl->num_blocks, bl->kept_blocks());
+  flops_ = 4.0 * b * hq * d * static_cast<double>(bl->AdmittedPairs());
+  sparsity_ = bl->sparsity();
+  layout_ = std::move(layout);
+  return absl::OkStatus();
 }
 
 absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v, void* o,
                                     float* lse, cudaStream_t stream,
-                                    const std::atomic<bool>* cancel) const {
+                                    const std::atomic<bool>* cancel, FlashKernel* kernel) const {
   const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
                 d = shape_.head_dim;
-  // f32 inputs: bf16 copies on the device.
+  // f32 inputs: bf16 copies on the device, sized by the workspace table.
   DeviceBuffer qc, kc, vc, oc;
   const void* qx = q;
   const void* kx = k;
@@ -314,23 +358,23 @@ absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v,
   void* ox = o;
   if (dtype_ == DType::kF32) {
     const int64_t nq = b * n * hq * d, nkv = b * n * hkv * d;
-    ATTN_ASSIGN_OR_RETURN(qc, DeviceBuffer::Create(*alloc_, nq * 2));
-    ATTN_ASSIGN_OR_RETURN(kc, DeviceBuffer::Create(*alloc_, nkv * 2));
-    ATTN_ASSIGN_OR_RETURN(vc, DeviceBuffer::Create(*alloc_, nkv * 2));
+    ATTN_ASSIGN_OR_RETURN(qc, DeviceBuffer::Create(*alloc_, workspace_.q_bf16));
+    ATTN_ASSIGN_OR_RETURN(kc, DeviceBuffer::Create(*alloc_, workspace_.k_bf16));
+    ATTN_ASSIGN_OR_RETURN(vc, DeviceBuffer::Create(*alloc_, workspace_.v_bf16));
     CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc.get(), nq, stream));
     CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc.get(), nkv, stream));
     CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc.get(), nkv, stream));
     qx = qc.get();
     kx = kc.get();
     vx = vc.get();
-    if (!dilated_) {
-      ATTN_ASSIGN_OR_RETURN(oc, DeviceBuffer::Create(*alloc_, nq * 2));
+    if (workspace_.o_bf16 > 0) {
+      ATTN_ASSIGN_OR_RETURN(oc, DeviceBuffer::Create(*alloc_, workspace_.o_bf16));
       ox = oc.get();
     }
   }
   if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
-  if (dilated_) return RunDilated(qx, kx, vx, o, lse, stream, cancel);
-  ATTN_RETURN_IF_ERROR(RunLayout(qx, kx, vx, ox, lse, stream));
+  if (dilated_) return RunDilated(qx, kx, vx, o, lse, stream, cancel, kernel);
+  ATTN_RETURN_IF_ERROR(RunLayout(qx, kx, vx, ox, lse, stream, kernel));
   if (dtype_ == DType::kF32) {
     CUDA_RETURN_IF_ERROR(
         LaunchConvert(DType::kBF16, ox, DType::kF32, o, b * n * hq * d, stream));
@@ -339,109 +383,76 @@ absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v,
 }
 
 absl::Status CudaAttentionPlan::RunLayout(const void* q, const void* k, const void* v, void* o,
-                                          float* lse, cudaStream_t stream) const {
-  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
-                d = shape_.head_dim;
-  FlashFwdParams p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.o = o;
-  p.lse = lse;
-  p.q_batch_stride = n * hq * d;
-  p.q_row_stride = hq * d;
-  p.q_head_stride = d;
-  p.k_batch_stride = p.v_batch_stride = n * hkv * d;
-  p.k_row_stride = p.v_row_stride = hkv * d;
-  p.k_head_stride = p.v_head_stride = d;
-  p.o_batch_stride = p.q_batch_stride;
-  p.o_row_stride = p.q_row_stride;
-  p.o_head_stride = p.q_head_stride;
-  p.lse_batch_stride = hq * n;
-  p.lse_head_stride = n;
-  p.batch = static_cast<int32_t>(b);
-  p.num_segs = 1;
-  p.seqlen = n;
-  p.num_heads = static_cast<int32_t>(hq);
-  p.kv_group = static_cast<int32_t>(hq / hkv);
-  p.head_dim = static_cast<int32_t>(d);
-  p.block_size = layout_->block_size;
-  p.dtype = compute_dtype_;
-  p.scale = scale_;
-  p.scale_log2 = static_cast<float>(scale_ * M_LOG2E);
-  p.num_q_blocks = layout_->num_blocks;
-  p.num_k_blocks = layout_->num_blocks;
-  p.row_order = layout_->row_order.as<int32_t>();
+                                          float* lse, cudaStream_t stream,
+                                          FlashKernel* kernel) const {
+  FlashFwdTensors tensors{q, k, v, o, lse, shape_};
+  tensors.dtype = compute_dtype_;
+  FlashFwdRange range;
+  range.q_len = shape_.tokens;
+  FlashFwdLayoutView view;
+  view.block_size = layout_->block_size;
+  view.row_order = layout_->row_order.as<int32_t>();
   if (layout_->implicit_dense) {
-    p.dense_causal = layout_->dense_causal;
+    view.kind = layout_->dense_causal ? FlashFwdLayoutView::Kind::kDenseCausal
+                                      : FlashFwdLayoutView::Kind::kDense;
   } else {
-    p.row_ptr = layout_->row_ptr.as<int64_t>();
-    p.col_idx = layout_->col_idx.as<int32_t>();
-    p.block_mask = layout_->mask.as<uint8_t>();
-    p.rule_causal = layout_->rule.causal;
-    p.rule_window = layout_->rule.window ? *layout_->rule.window : -1;
+    view.kind = FlashFwdLayoutView::Kind::kCsr;
+    view.row_ptr = layout_->row_ptr.as<int64_t>();
+    view.col_idx = layout_->col_idx.as<int32_t>();
+    view.block_mask = layout_->mask.as<uint8_t>();
+    view.rule_causal = layout_->rule.causal;
+    view.rule_window = layout_->rule.window ? *layout_->rule.window : -1;
   }
-  return RunAttentionForward(p, stream);
+  return RunAttentionForward(BuildFlashFwdParams(tensors, range, view, scale_), kernel_options_,
+                             stream, kernel);
 }
 
 absl::Status CudaAttentionPlan::RunDilated(const void* q, const void* k, const void* v, void* o,
                                            float* lse, cudaStream_t stream,
-                                           const std::atomic<bool>* cancel) const {
+                                           const std::atomic<bool>* cancel,
+                                           FlashKernel* kernel) const {
   const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
                 d = shape_.head_dim;
   const int64_t esize = static_cast<int64_t>(DTypeSize(compute_dtype_));
   // Accumulators: O f32 (the output itself when the output is f32), LSE = the output LSE.
   DeviceBuffer o_acc_buf;
   float* o_acc = nullptr;
-  if (dtype_ == DType::kF32) {
-    o_acc = static_cast<float*>(o);
-  } else {
-    ATTN_ASSIGN_OR_RETURN(o_acc_buf, DeviceBuffer::Create(*alloc_, b * n * hq * d * 4));
+  if (workspace_.o_acc_f32 > 0) {
+    ATTN_ASSIGN_OR_RETURN(o_acc_buf, DeviceBuffer::Create(*alloc_, workspace_.o_acc_f32));
     o_acc = o_acc_buf.as<float>();
+  } else {
+    o_acc = static_cast<float*>(o);
   }
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o_acc, 0, b * n * hq * d * 4, stream));
   CUDA_RETURN_IF_ERROR(LaunchFillFloat(lse, -INFINITY, b * hq * n, stream));
 
+  FlashFwdLayoutView view;
+  view.kind = causal_ ? FlashFwdLayoutView::Kind::kDenseCausal : FlashFwdLayoutView::Kind::kDense;
+  view.block_size = dilated_->block_size;
   for (const Dilated::Branch& branch : dilated_->branches) {
     for (const Dilated::Group& group : branch.groups) {
       if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
       for (const Dilated::Run& run : group.runs) {
-        const int64_t r = branch.rate;
-        FlashFwdParams p;
-        p.q = static_cast<const std::byte*>(q) + run.first * hq * d * esize;
-        p.k = static_cast<const std::byte*>(k) + run.first * hkv * d * esize;
-        p.v = static_cast<const std::byte*>(v) + run.first * hkv * d * esize;
-        p.o = o_acc + run.first * hq * d;
-        p.lse = lse + run.first;
-        p.accumulate = true;
-        p.q_batch_stride = p.o_batch_stride = n * hq * d;
-        p.q_seg_stride = p.o_seg_stride = run.pitch * hq * d;
-        p.q_row_stride = p.o_row_stride = r * hq * d;
-        p.q_head_stride = p.o_head_stride = d;
-        p.k_batch_stride = p.v_batch_stride = n * hkv * d;
-        p.k_seg_stride = p.v_seg_stride = run.pitch * hkv * d;
-        p.k_row_stride = p.v_row_stride = r * hkv * d;
-        p.k_head_stride = p.v_head_stride = d;
-        p.lse_batch_stride = hq * n;
-        p.lse_head_stride = n;
-        p.lse_seg_stride = run.pitch;
-        p.lse_row_stride = r;
-        p.batch = static_cast<int32_t>(b);
-        p.num_segs = static_cast<int32_t>(run.count);
-        p.seqlen = run.length;
-        p.num_heads = group.num_heads;
-        p.head_start = static_cast<int32_t>(group.offset);
-        p.head_step = static_cast<int32_t>(r);
-        p.kv_group = static_cast<int32_t>(hq / hkv);
-        p.head_dim = static_cast<int32_t>(d);
-        p.block_size = dilated_->block_size;
-        p.dtype = compute_dtype_;
-        p.scale = scale_;
-        p.scale_log2 = static_cast<float>(scale_ * M_LOG2E);
-        p.num_q_blocks = NumBlocks(run.length, p.block_size);
-        p.num_k_blocks = p.num_q_blocks;
-        p.dense_causal = causal_;
-        ATTN_RETURN_IF_ERROR(RunAttentionForward(p, stream));
+        // The run's first token; its rows are `rate` tokens apart, its segments `pitch` apart.
+        FlashFwdTensors tensors;
+        tensors.q = static_cast<const std::byte*>(q) + run.first * hq * d * esize;
+        tensors.k = static_cast<const std::byte*>(k) + run.first * hkv * d * esize;
+        tensors.v = static_cast<const std::byte*>(v) + run.first * hkv * d * esize;
+        tensors.o = o_acc + run.first * hq * d;
+        tensors.lse = lse + run.first;
+        tensors.shape = shape_;
+        tensors.dtype = compute_dtype_;
+        FlashFwdRange range;
+        range.q_len = run.length;
+        range.row_step = branch.rate;
+        range.num_segments = run.count;
+        range.segment_pitch = run.pitch;
+        range.head_start = static_cast<int32_t>(group.offset);
+        range.head_step = static_cast<int32_t>(branch.rate);
+        range.num_heads = group.num_heads;
+        range.accumulate = true;
+        ATTN_RETURN_IF_ERROR(RunAttentionForward(BuildFlashFwdParams(tensors, range, view, scale_),
+                                                 kernel_options_, stream, kernel));
       }
     }
   }
@@ -457,17 +468,15 @@ int64_t CudaAttentionPlan::EstimateBytes(const AttentionSpec& spec, const Attent
                 d = shape.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
   int64_t bytes = b * n * (2 * hq + 2 * hkv) * d * es + b * hq * n * 4;  // q k v o lse
-  if (dtype == DType::kF32) bytes += b * n * (2 * hq + 2 * hkv) * d * 2;
-  const int64_t nb = NumBlocks(n, 64);
-  if (const auto* dil = std::get_if<DilatedSpec>(&spec.pattern)) {
-    // The f32 O accumulator (strided in-place branches need no gather buffers).
-    (void)dil;
-    bytes += b * n * hq * d * 4;
-  } else if (!std::holds_alternative<DenseSpec>(spec.pattern)) {
-    // CSR upper bound for band/sparse layouts: rows + a generous kept count.
-    bytes += nb * 16 + std::min<int64_t>(nb * nb, 64 * nb) * 5;
-  } else {
+  bytes += CudaWorkspaceSizesFor(spec, shape, dtype).total();
+  // Plan memory at the smallest block size (the most blocks): none for dilated specs (strided
+  // in-place branches), the heavy-first row order for dense ones, a CSR with a generous kept
+  // count for the others (the real count is known only after compiling).
+  const int64_t nb = NumBlocks(n, kEstimateBlockSize);
+  if (std::holds_alternative<DenseSpec>(spec.pattern)) {
     bytes += nb * 4;
+  } else if (!std::holds_alternative<DilatedSpec>(spec.pattern)) {
+    bytes += CsrBytes(nb, std::min<int64_t>(nb * nb, 64 * nb));
   }
   return bytes;
 }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -134,8 +133,9 @@ bool CudnnCandidate(AttentionEngine mode, const AttentionSpec& spec, const Atten
 
 class CudaDevice final : public Device {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal, AttentionEngine engine) {
-    auto dev = std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, engine));
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal,
+                                                            const CudaOptions& options) {
+    auto dev = std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, options));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
     CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
@@ -159,6 +159,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
   std::string uuid() const override { return uuid_; }
   std::string model() const override { return model_; }
+  bool HeadDimSupported(int64_t head_dim) const override { return CudaSupportsHeadDim(head_dim); }
 
   DeviceStats Stats() const override {
     const AllocatorStats a = alloc_.Stats();
@@ -191,11 +192,16 @@ class CudaDevice final : public Device {
     return out;
   }
 
-  // RunCudaDeviceTask: worker thread only.
-  absl::Status RunTask(const std::function<absl::Status(CudaTaskContext&)>& task) {
+  // Worker thread only. Device memory the task takes through ctx.allocator is counted there, so
+  // `host_bytes` is not charged again.
+  absl::Status RunTask(int64_t host_bytes, const DeviceTask& task) override {
+    (void)host_bytes;
+    if (!task) return absl::InvalidArgumentError(absl::StrCat(name(), ": RunTask: empty task"));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    CudaTaskContext ctx;
-    ctx.ordinal = ordinal_;
+    DeviceContext ctx;
+    ctx.kind = BackendKind::kCuda;
+    ctx.name = name();
+    ctx.cuda_ordinal = ordinal_;
     ctx.allocator = &alloc_;
     ctx.stream = stream_;
     absl::Status st = task(ctx);
@@ -209,8 +215,10 @@ class CudaDevice final : public Device {
   }
 
  private:
-  CudaDevice(int ordinal, AttentionEngine engine)
-      : ordinal_(ordinal), engine_mode_(engine), alloc_(ordinal) {}
+  CudaDevice(int ordinal, const CudaOptions& options)
+      : ordinal_(ordinal), engine_mode_(options.engine), alloc_(ordinal) {
+    plan_options_.kernel = options.flash;
+  }
 
   absl::Status CheckControl(const RunControl& control) const {
     if (control.cancel != nullptr && control.cancel->load()) {
@@ -238,9 +246,8 @@ class CudaDevice final : public Device {
 #ifndef ATTNSERVE_HAVE_CUDNN_FRONTEND
     // Only kCudnn mode gets here.
     return absl::UnavailableError(absl::StrCat(
-        name(), ": ", kAttentionEngineEnv,
-        "=cudnn, but this build has no cuDNN path (cudnn_frontend headers not found at configure "
-        "time)"));
+        name(), ": attention engine cudnn was asked for, but this build has no cuDNN path "
+        "(cudnn_frontend headers not found at configure time)"));
 #else
     const std::string key = CaseKey(spec, shape, dtype);
     if (auto it = remembered_.find(key); it != remembered_.end()) return it->second;
@@ -298,10 +305,12 @@ class CudaDevice final : public Device {
     }
     const int64_t nq = shape.batch * shape.tokens * shape.q_heads * shape.head_dim;
     const int64_t nkv = shape.batch * shape.tokens * shape.kv_heads * shape.head_dim;
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer qc, DeviceBuffer::Create(alloc_, nq * 2));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer kc, DeviceBuffer::Create(alloc_, nkv * 2));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer vc, DeviceBuffer::Create(alloc_, nkv * 2));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer oc, DeviceBuffer::Create(alloc_, nq * 2));
+    // The same bf16 copies (and sizes) as the own kernels' workspace, which EstimateBytes counts.
+    const CudaWorkspaceSizes ws = CudaWorkspaceSizesFor(spec, shape, dtype);
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer qc, DeviceBuffer::Create(alloc_, ws.q_bf16));
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer kc, DeviceBuffer::Create(alloc_, ws.k_bf16));
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer vc, DeviceBuffer::Create(alloc_, ws.v_bf16));
+    ATTN_ASSIGN_OR_RETURN(DeviceBuffer oc, DeviceBuffer::Create(alloc_, ws.o_bf16));
     CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc.get(), nq, stream_));
     CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc.get(), nkv, stream_));
     CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc.get(), nkv, stream_));
@@ -323,7 +332,8 @@ class CudaDevice final : public Device {
     ATTN_ASSIGN_OR_RETURN(Chosen chosen, ChooseEngine(spec, shape, dtype));
     std::unique_ptr<CudaAttentionPlan> plan;
     if (chosen == Chosen::kOwn) {
-      ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_));
+      ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_,
+                                                            nullptr, plan_options_));
     }
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Create(alloc_, q.nbytes()));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Create(alloc_, k.nbytes()));
@@ -340,6 +350,7 @@ class CudaDevice final : public Device {
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
     double flops = 0, sparsity = 0;
+    FlashKernel kernel = FlashKernel::kSm80;  // set by the plan's launches
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
     if (chosen == Chosen::kCudnn) {
       const absl::Status st =
@@ -353,7 +364,8 @@ class CudaDevice final : public Device {
         cudaGetLastError();
         Remember(CaseKey(spec, shape, dtype), Chosen::kOwn, st.ToString());
         chosen = Chosen::kOwn;
-        ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_));
+        ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_,
+                                                              nullptr, plan_options_));
       } else {
         ATTN_RETURN_IF_ERROR(st);
         flops = 4.0 * static_cast<double>(shape.batch * shape.q_heads * shape.head_dim) *
@@ -364,7 +376,7 @@ class CudaDevice final : public Device {
 #endif
     if (chosen == Chosen::kOwn) {
       ATTN_RETURN_IF_ERROR(plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(),
-                                     stream_, control.cancel));
+                                     stream_, control.cancel, &kernel));
       flops = plan->flops();
       sparsity = plan->sparsity();
     }
@@ -378,6 +390,7 @@ class CudaDevice final : public Device {
       info->flops = flops;
       info->sparsity = sparsity;
       info->engine = std::string(ChosenName(chosen));
+      info->kernel = chosen == Chosen::kOwn ? std::string(FlashKernelName(kernel)) : std::string();
     }
     return out_host;
   }
@@ -392,6 +405,7 @@ class CudaDevice final : public Device {
 
   const int ordinal_;
   const AttentionEngine engine_mode_;
+  CudaAttentionPlan::Options plan_options_;  // the flash kernel options of every plan
   std::string model_;
   std::string uuid_;
   int64_t total_bytes_ = 0;
@@ -417,45 +431,8 @@ int CudaDeviceCount() {
   return count;
 }
 
-std::string_view AttentionEngineName(AttentionEngine engine) {
-  switch (engine) {
-    case AttentionEngine::kAuto:
-      return "auto";
-    case AttentionEngine::kOwn:
-      return "own";
-    case AttentionEngine::kCudnn:
-      return "cudnn";
-  }
-  return "auto";
-}
-
-absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return AttentionEngine::kAuto;
-  if (name == "own") return AttentionEngine::kOwn;
-  if (name == "cudnn") return AttentionEngine::kCudnn;
-  return absl::InvalidArgumentError(absl::StrCat(
-      std::string(what), ": expected auto, own or cudnn, got '", std::string(name), "'"));
-}
-
-absl::Status RunCudaDeviceTask(Device& device,
-                               const std::function<absl::Status(CudaTaskContext&)>& task) {
-  auto* cuda = dynamic_cast<CudaDevice*>(&device);
-  if (cuda == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(device.name(), ": not a CUDA device made by MakeCudaDevices"));
-  }
-  if (!task) return absl::InvalidArgumentError("RunCudaDeviceTask: empty task");
-  return cuda->RunTask(task);
-}
-
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(
-    std::vector<int> ordinals, const CudaDeviceOptions& options) {
-  AttentionEngine engine = AttentionEngine::kAuto;
-  if (options.engine.has_value()) {
-    engine = *options.engine;
-  } else if (const char* env = std::getenv(kAttentionEngineEnv); env != nullptr) {
-    ATTN_ASSIGN_OR_RETURN(engine, ParseAttentionEngine(env, kAttentionEngineEnv));
-  }
+    std::vector<int> ordinals, const CudaOptions& options) {
   const int count = CudaDeviceCount();
   if (count == 0) return absl::UnavailableError("no CUDA device (or no driver) is available");
   if (ordinals.empty()) {
@@ -467,7 +444,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(
       return absl::InvalidArgumentError(
           absl::StrCat("devices: CUDA ordinal ", ordinal, " out of range [0, ", count, ")"));
     }
-    ATTN_ASSIGN_OR_RETURN(auto dev, CudaDevice::Create(ordinal, engine));
+    ATTN_ASSIGN_OR_RETURN(auto dev, CudaDevice::Create(ordinal, options));
     devices.push_back(std::move(dev));
   }
   return devices;

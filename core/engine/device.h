@@ -1,51 +1,39 @@
-// Device: one compute device (a GPU, or a share of the CPU) as the server's workers see it. The
-// server creates one Device per worker thread; only that thread calls Run. No gRPC in here.
+// Device: one compute device (a GPU, or a share of the CPU) as the server's workers see it, and
+// the one way every multi-device strategy (core/parallel) runs its part on a device: RunTask. The
+// server creates one Device per worker thread; only that thread calls Run or RunTask. This header
+// names no backend: core/cpu and core/cuda implement it, the server and core/parallel use it.
 #ifndef ATTNSERVE_CORE_ENGINE_DEVICE_H_
 #define ATTNSERVE_CORE_ENGINE_DEVICE_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
-#include "core/cpu/cpu_backend.h"
+#include "core/engine/types.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
 
+struct CUstream_st;  // the CUDA runtime's stream (cudaStream_t is CUstream_st*)
+
 namespace attnserve {
 
-class ThreadPool;  // core/util/thread_pool.h
+class ThreadPool;        // core/util/thread_pool.h
+class CachingAllocator;  // core/cuda/caching_allocator.h
 
-enum class BackendKind { kCpu, kCuda };
-std::string_view BackendName(BackendKind kind);  // "cpu", "cuda"
-
-// Memory and identity of a device, as the metrics and Describe report them.
-struct DeviceStats {
-  int64_t memory_used_bytes = 0;      // bytes in use by attnserve's buffers (CUDA: allocator count)
-  int64_t memory_reserved_bytes = 0;  // held by the caching allocator (CPU: same as used)
-  int64_t memory_peak_bytes = 0;      // peak of used since start
-  int64_t memory_total_bytes = 0;     // device capacity (CPU: MemTotal share)
-  int64_t memory_free_bytes = 0;      // cudaMemGetInfo free (CPU: MemAvailable)
+// What a task run on a device's worker thread may use: that device's own resources, so what the
+// task allocates and how long it runs show in that device's memory and busy metrics.
+struct DeviceContext {
+  BackendKind kind = BackendKind::kCpu;
+  std::string name;                       // "cpu:0", "cuda:1"
+  ThreadPool* pool = nullptr;             // CPU: the device's threads
+  int cuda_ordinal = -1;                  // CUDA: the GPU the calling thread is bound to
+  CachingAllocator* allocator = nullptr;  // CUDA: the device's caching allocator
+  CUstream_st* stream = nullptr;          // CUDA: the device's stream (non-blocking)
 };
-
-// What a run may be interrupted by.
-struct RunControl {
-  const std::atomic<bool>* cancel = nullptr;  // set when the caller cancels or the deadline passes
-  absl::Time deadline = absl::InfiniteFuture();
-};
-
-// Figures of one run, for the response header and the metrics.
-struct RunInfo {
-  double compute_seconds = 0;  // wall time on the device including copies
-  double flops = 0;            // 4 * B * Hq * D * admitted pairs
-  double sparsity = 0;         // skipped (query block, key block) pairs
-  std::string engine;          // the kernels that ran: "cudnn" or "flash_fwd" on a CudaDevice;
-                               // empty where the backend does not record it
-};
+using DeviceTask = std::function<absl::Status(DeviceContext& ctx)>;
 
 class Device {
  public:
@@ -54,6 +42,8 @@ class Device {
   virtual std::string name() const = 0;   // "cpu:0", "cuda:0"
   virtual std::string uuid() const = 0;   // GPU UUID, or "cpu-<index>"
   virtual std::string model() const = 0;  // "NVIDIA H200", the CPU's model name
+  // Head dims this device's backend runs (Describe lists them; validation asks HeadDimSupported).
+  virtual bool HeadDimSupported(int64_t head_dim) const = 0;
   // Thread-safe: read by the metrics thread.
   virtual DeviceStats Stats() const = 0;
   // Bytes this device needs to run the request (inputs, outputs, workspaces), for admission.
@@ -63,22 +53,13 @@ class Device {
   virtual absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                                const HostTensor& k, const HostTensor& v,
                                                const RunControl& control, RunInfo* info) = 0;
-  // Runs `task` with this device's host compute resources: the CPU device passes its thread pool
-  // and charges `bytes` to its memory tracker while the task runs (the server runs one rank of a
-  // CPU ring this way). Called only from this device's worker thread. Backends without host
-  // compute resources (CUDA) return UNIMPLEMENTED, which is the default; a GPU ring rank runs
-  // through RunCudaDeviceTask (core/cuda/cuda_device.h) instead.
-  virtual absl::Status RunHostTask(int64_t bytes,
-                                   const std::function<absl::Status(ThreadPool* pool)>& task) {
-    (void)bytes;
-    (void)task;
-    return absl::UnimplementedError(std::string(BackendName(kind())) +
-                                    " device: no host compute task support");
-  }
+  // Runs `task` on the calling thread (this device's worker) with this device's resources: a
+  // ring rank, a data-parallel share. `host_bytes` is charged to the device's host memory while
+  // the task runs (CPU devices; device memory the task allocates through ctx.allocator is counted
+  // by the allocator itself). CUDA devices synchronize their stream and clear the CUDA error
+  // state afterwards, whatever the task returns.
+  virtual absl::Status RunTask(int64_t host_bytes, const DeviceTask& task) = 0;
 };
-
-// A CPU device: `threads` threads of its own; buffers charged to its own MemoryTracker.
-std::unique_ptr<Device> MakeCpuDevice(int index, int threads);
 
 }  // namespace attnserve
 

@@ -2,7 +2,7 @@
 """Writes the attnserve Grafana dashboards (deploy/grafana/dashboards/*.json).
 
 The JSON files are checked in (Grafana provisioning reads them as they are); this script is their
-source, so that panels stay uniform and every query uses the metric names of ARCHITECTURE.md
+source, so that panels stay uniform and every query uses the metric names of docs/DESIGN.md
 "Metrics". Python 3 standard library only.
 
   deploy/grafana/generate_dashboards.py           rewrite the JSON files

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end smoke test of the CPU image and the Prometheus config, with plain `docker run` (no
-# compose plugin needed): attnserve-cpu becomes healthy, serves a request, exports the
-# ARCHITECTURE.md metrics, Prometheus scrapes it and evaluates the recording rules, and SIGTERM
+# compose plugin needed): attnserve-cpu becomes healthy, serves a request, exports the metrics of
+# docs/DESIGN.md "Metrics", Prometheus scrapes it and evaluates the recording rules, and SIGTERM
 # drains and exits 0 within the grace period.
 #
 #   tests/deploy/docker_smoke.sh
@@ -63,7 +63,7 @@ rm -f /tmp/$id.run
 uid=$(docker exec "$id-server" id -u)
 [ "$uid" != 0 ] && ok "runs as uid $uid" || bad "runs as root"
 
-# 3. /metrics has every ARCHITECTURE.md name the deploy files use.
+# 3. /metrics has every docs/DESIGN.md "Metrics" name the deploy files use.
 metrics=$(curl -fsS "http://127.0.0.1:$metrics_port/metrics" || true)
 missing=()
 for n in attnserve_device_memory_used_bytes attnserve_device_memory_total_bytes \

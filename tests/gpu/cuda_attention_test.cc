@@ -17,20 +17,16 @@
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace attnserve {
 namespace {
 
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
+using ::attnserve::testing::PlanRunResult;
+using ::attnserve::testing::RunPlanOnGpu;
 using ::attnserve::testing::ShapeString;
-
-bool HaveGpu() { return CudaDeviceCount() > 0; }
-
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device available";   \
-  } while (0)
 
 // Tolerances of the brief: max |o - ref| / max |ref|.
 double OTol(DType dtype) {
@@ -144,41 +140,6 @@ std::vector<Case> AllCases() {
 
 class CudaAttentionTest : public ::testing::TestWithParam<Case> {};
 
-// Runs the plan on device buffers with poisoned outputs and returns host copies of O and LSE.
-void RunOnDevice(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                 HostTensor& o, HostTensor& lse) {
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  CachingAllocator alloc(0);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  {
-    auto plan = CudaAttentionPlan::Create(c.spec, c.shape, c.dtype, alloc, stream);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    auto dq = DeviceBuffer::Create(alloc, q.nbytes());
-    auto dk = DeviceBuffer::Create(alloc, k.nbytes());
-    auto dv = DeviceBuffer::Create(alloc, v.nbytes());
-    auto dout = DeviceBuffer::Create(alloc, o.nbytes());
-    auto dlse = DeviceBuffer::Create(alloc, lse.nbytes());
-    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dlse.ok());
-    ASSERT_EQ(cudaMemcpy(dq->get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dk->get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dv->get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, o.nbytes()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dlse->get(), 0xFF, lse.nbytes()), cudaSuccess);
-    const absl::Status st = (*plan)->Run(dq->get(), dk->get(), dv->get(), dout->get(),
-                                         dlse->as<float>(), stream);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(o.data(), dout->get(), o.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(lse.data(), dlse->get(), lse.nbytes(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-  cudaStreamDestroy(stream);
-  // Everything went back to the cache.
-  EXPECT_EQ(alloc.Stats().in_use_bytes, 0);
-}
-
 TEST_P(CudaAttentionTest, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
@@ -188,13 +149,12 @@ TEST_P(CudaAttentionTest, MatchesReference) {
   auto in = MakeRandomInputs(c.shape, c.dtype, seed);
   auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  auto o = HostTensor::Create(c.dtype, {c.shape.batch, c.shape.tokens, c.shape.q_heads,
-                                        c.shape.head_dim});
-  auto lse = HostTensor::Create(DType::kF32, {c.shape.batch, c.shape.q_heads, c.shape.tokens});
-  ASSERT_TRUE(o.ok() && lse.ok());
-  RunOnDevice(c, in.q, in.k, in.v, *o, *lse);
-  if (HasFatalFailure()) return;
-  const ErrorStats e = CompareToReference(*ref, *o, &*lse);
+  // On device buffers with poisoned outputs (RunPlanOnGpu).
+  absl::StatusOr<PlanRunResult> run = RunPlanOnGpu(c.spec, in.q, in.k, in.v);
+  ASSERT_TRUE(run.ok()) << run.status();
+  // Everything went back to the cache.
+  EXPECT_EQ(run->in_use_after, 0);
+  const ErrorStats e = CompareToReference(*ref, run->o, &run->lse);
   EXPECT_EQ(e.nonfinite, 0) << "unwritten or non-finite outputs";
   EXPECT_LE(e.o_rel, OTol(c.dtype)) << "o max abs err " << e.o_max_abs << " / max|ref| "
                                     << e.o_ref_max_abs;

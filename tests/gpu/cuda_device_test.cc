@@ -30,6 +30,7 @@
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace attnserve {
 namespace {
@@ -40,13 +41,6 @@ using ::attnserve::testing::PoisonedOutput;
 using ::attnserve::testing::QkvInputs;
 using ::attnserve::testing::ShapeString;
 
-bool HaveGpu() { return CudaDeviceCount() > 0; }
-
-#define SKIP_WITHOUT_GPU()                                      \
-  do {                                                          \
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
-
 // Tolerances (max |o - ref| / max |ref|; LSE absolute): one output rounding plus accumulation in
 // f16/bf16; f32 inputs are computed in bf16 by both engines (see cuda_attention.h).
 double OTol(DType dtype) { return dtype == DType::kF16 ? 5e-3 : 1e-2; }
@@ -55,7 +49,7 @@ double LseTol(DType dtype) { return dtype == DType::kF32 ? 3e-2 : 2e-3; }
 // A fresh device on GPU 0 with `engine` forced: an empty allocator cache (see the poisoning note
 // above) and no engine memory from earlier cases.
 std::unique_ptr<Device> MakeDevice(AttentionEngine engine) {
-  CudaDeviceOptions options;
+  CudaOptions options;
   options.engine = engine;
   auto made = MakeCudaDevices({0}, options);
   EXPECT_TRUE(made.ok()) << made.status();
@@ -187,6 +181,7 @@ TEST_P(CudaDeviceEngineTest, EveryEngineModeMatchesReference) {
   ASSERT_TRUE(own.status.ok()) << own.status;
   ExpectMatches(*ref, own, c.dtype, "own");
   EXPECT_EQ(own.info.engine, kEngineFlashFwd);
+  EXPECT_FALSE(own.info.kernel.empty()) << "RunInfo::kernel names the flash kernel that ran";
   EXPECT_GT(own.info.flops, 0);
   EXPECT_GT(own.info.compute_seconds, 0);
 
@@ -306,17 +301,23 @@ TEST(AttentionEngineOption, ParsesNamesAndRejectsOthers) {
   EXPECT_EQ(ParseAttentionEngine("fastest").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A bad ATTNSERVE_ATTENTION_ENGINE is a configuration error, with or without a GPU.
+// A bad ATTNSERVE_ATTENTION_ENGINE is a configuration error, with or without a GPU: the
+// environment is read once, by CudaOptionsFromEnv (MakeCudaDevices reads nothing).
 TEST(AttentionEngineOption, BadEnvironmentValueIsInvalidArgument) {
-  const char* old = std::getenv(kAttentionEngineEnv);
+  constexpr char kEnv[] = "ATTNSERVE_ATTENTION_ENGINE";
+  const char* old = std::getenv(kEnv);
   const std::string saved = old != nullptr ? old : "";
-  setenv(kAttentionEngineEnv, "fastest", 1);
-  auto devices = MakeCudaDevices({});
-  EXPECT_EQ(devices.status().code(), absl::StatusCode::kInvalidArgument) << devices.status();
+  setenv(kEnv, "fastest", 1);
+  auto options = CudaOptionsFromEnv();
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << options.status();
+  setenv(kEnv, "own", 1);
+  options = CudaOptionsFromEnv();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->engine, AttentionEngine::kOwn);
   if (old != nullptr) {
-    setenv(kAttentionEngineEnv, saved.c_str(), 1);
+    setenv(kEnv, saved.c_str(), 1);
   } else {
-    unsetenv(kAttentionEngineEnv);
+    unsetenv(kEnv);
   }
 }
 

@@ -17,26 +17,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/attention_ops.h"
+#include "core/cuda/caching_allocator.h"
+#include "core/cuda/cuda_device.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::DownloadTensor;
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
+using ::attnserve::testing::PoisonedDeviceBuffer;
 using ::attnserve::testing::ShapeString;
+using ::attnserve::testing::UploadTensor;
 
-int GpuCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+int GpuCount() { return CudaDeviceCount(); }
 
 // One engine for the whole binary (a handle costs ~100 ms; graphs are cached across cases).
 // Null with `why` set when the path cannot run here.
@@ -93,24 +92,25 @@ void RunEngine(CudnnSdpa& engine, const AttentionSpec& spec, const AttentionShap
   auto o = HostTensor::Create(dtype, {shape.batch, shape.tokens, shape.q_heads, shape.head_dim});
   auto lse = HostTensor::Create(DType::kF32, {shape.batch, shape.q_heads, shape.tokens});
   ASSERT_TRUE(o.ok() && lse.ok());
-  DevBuf dq(in.q.nbytes()), dk(in.k.nbytes()), dv(in.v.nbytes()), dout(o->nbytes()),
-      dlse(lse->nbytes());
-  ASSERT_TRUE(dq.p && dk.p && dv.p && dout.p && dlse.p);
-  ASSERT_EQ(cudaMemcpy(dq.p, in.q.data(), in.q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dk.p, in.k.data(), in.k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dv.p, in.v.data(), in.v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dout.p, 0xFF, o->nbytes()), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dlse.p, 0xFF, lse->nbytes()), cudaSuccess);
+  CachingAllocator alloc(0);
+  auto dq = UploadTensor(alloc, in.q);
+  auto dk = UploadTensor(alloc, in.k);
+  auto dv = UploadTensor(alloc, in.v);
+  auto dout = PoisonedDeviceBuffer(alloc, o->nbytes());
+  auto dlse = PoisonedDeviceBuffer(alloc, lse->nbytes());
+  ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dlse.ok());
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  const absl::Status st = CudnnSdpaForward(engine, spec, shape, dtype, dq.p, dk.p, dv.p, dout.p,
-                                           static_cast<float*>(dlse.p), stream);
+  const absl::Status st = CudnnSdpaForward(engine, spec, shape, dtype, dq->get(), dk->get(),
+                                           dv->get(), dout->get(), dlse->as<float>(), stream);
   const cudaError_t sync = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(sync, cudaSuccess) << cudaGetErrorString(sync);
-  ASSERT_EQ(cudaMemcpy(o->data(), dout.p, o->nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(lse->data(), dlse.p, lse->nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  const absl::Status got_o = DownloadTensor(dout->get(), *o);
+  ASSERT_TRUE(got_o.ok()) << got_o;
+  const absl::Status got_lse = DownloadTensor(dlse->get(), *lse);
+  ASSERT_TRUE(got_lse.ok()) << got_lse;
   out->o = std::move(*o);
   out->lse = std::move(*lse);
 }
@@ -257,7 +257,7 @@ TEST(CudnnSdpaSupportsTest, CoversDenseAndWindowOnly) {
 // ---- cache, workspace, errors ---------------------------------------------------------------
 
 TEST(CudnnSdpaEngineTest, CacheHitsAndLruBound) {
-  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";
+  SKIP_WITHOUT_GPU();
   CudnnSdpa::Options opt;
   opt.max_cached_graphs = 2;
   int64_t allocs = 0, frees = 0;
@@ -436,7 +436,7 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, CudnnSdpaPieceTest,
                          });
 
 TEST(CudnnSdpaEngineTest, BadDeviceIsInvalidArgument) {
-  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";
+  SKIP_WITHOUT_GPU();
   CudnnSdpa::Options opt;
   opt.device = GpuCount();
   EXPECT_EQ(CudnnSdpa::Create(opt).status().code(), absl::StatusCode::kInvalidArgument);
@@ -467,7 +467,7 @@ TEST(CudnnSdpaEngineTest, TimingHelperRuns) {
 // --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'). FLOPs = 4 * D * admitted pairs
 // summed over batch and query heads (causal and window count only the kept pairs).
 TEST(CudnnSdpaEngineTest, DISABLED_Throughput) {
-  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device available";
+  SKIP_WITHOUT_GPU();
   const int64_t n = 16384;
   auto pairs = [&](const AttentionSpec& spec) {
     double total = 0;

@@ -1,8 +1,8 @@
-// DilatedRingAttentionCuda (core/dist/dilated_ring_cuda) against the float64 reference on 2 GPUs
+// DilatedRingAttentionCuda (core/parallel/dilated_ring_cuda) against the float64 reference on 2 GPUs
 // (and 4 where present): dilated specs whose segments are longer than a shard, which
 // RingAttentionCuda alone answers UNIMPLEMENTED for. Short-segment branches run per GPU with no
 // communication; the long ones as CUDA rings over their gathered positions. Skips below 2 GPUs.
-#include "core/dist/dilated_ring_cuda.h"
+#include "core/parallel/dilated_ring_cuda.h"
 
 #include <string>
 #include <vector>
@@ -13,6 +13,7 @@
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace attnserve {
 namespace {
@@ -42,7 +43,7 @@ void Check(const ReferenceResult& ref, const AttentionOutputs& out, DType dtype,
 // GPU; branch 1 (one segment of N, rate 2) runs as a dense (causal) CUDA ring per head offset
 // over its N/2 gathered positions, which RingAttentionCuda alone cannot place.
 TEST(DilatedRingCudaTest, LongNetSegmentEqualsN) {
-  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << CudaDeviceCount();
+  SKIP_WITHOUT_GPUS(2);
   const AttentionShape shape{1, 2048, 4, 2, 64};
   const uint64_t seed = FreshSeed();
   auto in = MakeRandomInputs(shape, DType::kBF16, seed);
@@ -68,8 +69,8 @@ TEST(DilatedRingCudaTest, LongNetSegmentEqualsN) {
 // not. On 2 GPUs: branches 0 and 1 local, branch 2 (segment > N) a dense ring per offset; on 4
 // GPUs (where present) branch 1's 2 gathered segments of 512 run as a block-diagonal CSR ring.
 TEST(DilatedRingCudaTest, RaggedGqaF32) {
+  SKIP_WITHOUT_GPUS(2);
   const int gpus = CudaDeviceCount();
-  if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus;
   const AttentionShape shape{1, 1500, 8, 2, 128};
   const uint64_t seed = FreshSeed();
   auto in = MakeRandomInputs(shape, DType::kF32, seed);

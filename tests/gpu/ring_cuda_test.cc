@@ -1,11 +1,11 @@
-// The CUDA ring (core/dist/ring_cuda) against the float64 reference and the single-GPU plan:
+// The CUDA ring (core/parallel/ring_cuda) against the float64 reference and the single-GPU plan:
 // dense, window and block_sparse, causal (zigzag) and not, N not divisible by P or the block.
 // - the ring's pieces (ring_cuda_plan.h) launched on one GPU over the full tensors, accumulating
 //   into one f32 O/LSE: checks the kernel's seqlen_k / global-position masks / accumulate
 //   epilogue without NCCL (needs 1 GPU);
 // - RingAttentionCuda over devices {0, 1} with NCCL (needs 2 GPUs; that part skips otherwise).
 // Outputs are poisoned before every run so unwritten elements show.
-#include "core/dist/ring_cuda.h"
+#include "core/parallel/ring_cuda.h"
 
 #include <cuda_runtime.h>
 
@@ -21,13 +21,14 @@
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_device.h"
-#include "core/dist/nccl_communicator.h"
-#include "core/dist/ring_cuda_plan.h"
+#include "core/parallel/nccl_communicator.h"
+#include "core/parallel/ring_cuda_plan.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "core/util/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace attnserve {
 namespace {
@@ -35,6 +36,8 @@ namespace {
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
 using ::attnserve::testing::ShapeString;
+using ::attnserve::testing::UploadTensor;
+using ::attnserve::testing::UploadVector;
 
 constexpr double kOTol = 1e-2;    // bf16: max |o - ref| / max |ref|
 constexpr double kLseTol = 2e-3;  // as tests/gpu/cuda_attention_test.cc for bf16
@@ -109,37 +112,14 @@ absl::StatusOr<Outputs> MakeOutputs(const AttentionShape& s) {
   return out;
 }
 
-// The single-GPU plan (CudaAttentionPlan on device 0): what the ring must reproduce.
+// The single-GPU plan (CudaAttentionPlan on device 0, poisoned outputs): what the ring must
+// reproduce.
 void RunSingleGpu(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                   Outputs& out) {
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  CachingAllocator alloc(0);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  {
-    auto plan = CudaAttentionPlan::Create(c.spec, c.shape, DType::kBF16, alloc, stream);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    auto dq = DeviceBuffer::Create(alloc, q.nbytes());
-    auto dk = DeviceBuffer::Create(alloc, k.nbytes());
-    auto dv = DeviceBuffer::Create(alloc, v.nbytes());
-    auto dout = DeviceBuffer::Create(alloc, out.o.nbytes());
-    auto dlse = DeviceBuffer::Create(alloc, out.lse.nbytes());
-    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dlse.ok());
-    ASSERT_EQ(cudaMemcpy(dq->get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dk->get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dv->get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, out.o.nbytes()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dlse->get(), 0xFF, out.lse.nbytes()), cudaSuccess);
-    const absl::Status st =
-        (*plan)->Run(dq->get(), dk->get(), dv->get(), dout->get(), dlse->as<float>(), stream);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(out.o.data(), dout->get(), out.o.nbytes(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(out.lse.data(), dlse->get(), out.lse.nbytes(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-  cudaStreamDestroy(stream);
+  auto run = ::attnserve::testing::RunPlanOnGpu(c.spec, q, k, v);
+  ASSERT_TRUE(run.ok()) << run.status();
+  out.o = std::move(run->o);
+  out.lse = std::move(run->lse);
 }
 
 // Every piece of a `ranks`-rank ring plan, launched on device 0 against the full tensors (rows
@@ -155,16 +135,13 @@ void RunPiecesOnOneGpu(const Case& c, int ranks, const HostTensor& q, const Host
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {
-    auto dq = DeviceBuffer::Create(alloc, q.nbytes());
-    auto dk = DeviceBuffer::Create(alloc, k.nbytes());
-    auto dv = DeviceBuffer::Create(alloc, v.nbytes());
+    auto dq = UploadTensor(alloc, q);
+    auto dk = UploadTensor(alloc, k);
+    auto dv = UploadTensor(alloc, v);
     auto dacc = DeviceBuffer::Create(alloc, nq * 4);
     auto dout = DeviceBuffer::Create(alloc, out.o.nbytes());
     auto dlse = DeviceBuffer::Create(alloc, out.lse.nbytes());
     ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dacc.ok() && dout.ok() && dlse.ok());
-    ASSERT_EQ(cudaMemcpy(dq->get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dk->get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dv->get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(dout->get(), 0xFF, out.o.nbytes()), cudaSuccess);
     ASSERT_EQ(cudaMemset(dacc->get(), 0, nq * 4), cudaSuccess);
     ASSERT_EQ(LaunchFillFloat(dlse->as<float>(), -INFINITY, out.lse.numel(), stream), cudaSuccess);
@@ -190,18 +167,10 @@ void RunPiecesOnOneGpu(const Case& c, int ranks, const HostTensor& q, const Host
             const RectLayout& l = piece.layout;
             std::vector<uint8_t> mask(l.mask.size());
             for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(l.mask[i]);
-            auto rp = DeviceBuffer::Create(alloc, l.row_ptr.size() * 8);
-            auto ci = DeviceBuffer::Create(alloc, std::max<size_t>(1, l.col_idx.size()) * 4);
-            auto mk = DeviceBuffer::Create(alloc, std::max<size_t>(1, mask.size()));
+            auto rp = UploadVector(alloc, l.row_ptr);
+            auto ci = UploadVector(alloc, l.col_idx);
+            auto mk = UploadVector(alloc, mask);
             ASSERT_TRUE(rp.ok() && ci.ok() && mk.ok());
-            ASSERT_EQ(cudaMemcpy(rp->get(), l.row_ptr.data(), l.row_ptr.size() * 8,
-                                 cudaMemcpyHostToDevice),
-                      cudaSuccess);
-            ASSERT_EQ(cudaMemcpy(ci->get(), l.col_idx.data(), l.col_idx.size() * 4,
-                                 cudaMemcpyHostToDevice),
-                      cudaSuccess);
-            ASSERT_EQ(cudaMemcpy(mk->get(), mask.data(), mask.size(), cudaMemcpyHostToDevice),
-                      cudaSuccess);
             ops.row_ptr = rp->as<int64_t>();
             ops.col_idx = ci->as<int32_t>();
             ops.block_mask = mk->as<uint8_t>();
@@ -266,7 +235,7 @@ class RingCudaTest : public ::testing::TestWithParam<Case> {};
 // One reference per case (the float64 reference dominates the test's time), then: the ring's
 // pieces emulated on one GPU for 2 and 3 ranks, and (with 2 GPUs) the NCCL ring over {0, 1}.
 TEST_P(RingCudaTest, MatchesReferenceAndSingleGpu) {
-  if (GpuCount() < 1) GTEST_SKIP() << "no CUDA device available";
+  SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat(c.name, " ", ShapeString(c.shape, DType::kBF16), " seed=", seed));
@@ -325,7 +294,7 @@ INSTANTIATE_TEST_SUITE_P(All, RingCudaTest, ::testing::ValuesIn(Cases()),
                          });
 
 TEST(RingCudaHostApiTest, F32InputsAndDilatedTooLong) {
-  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  SKIP_WITHOUT_GPUS(2);
   const AttentionShape shape{1, 515, 2, 2, 64};
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
@@ -350,7 +319,7 @@ TEST(RingCudaHostApiTest, F32InputsAndDilatedTooLong) {
 
 // Dilated specs run shard-locally (segments cut on lcm(segment lengths) never cross GPUs).
 TEST(RingCudaHostApiTest, DilatedRunsShardLocal) {
-  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  SKIP_WITHOUT_GPUS(2);
   const AttentionShape shape{1, 1000, 4, 2, 64};
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
@@ -373,7 +342,7 @@ TEST(RingCudaHostApiTest, DilatedRunsShardLocal) {
 // The lean ring over {0, 1} with forced (qc, c) against the reference; NCCL bytes: every tick sends
 // one piece, so each rank sends the ring's whole K/V qc times.
 TEST(RingCudaLeanTest, ForcedChunksMatchReference) {
-  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  SKIP_WITHOUT_GPUS(2);
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   const AttentionShape shape{2, 1000, 4, 2, 128};
@@ -428,7 +397,7 @@ struct Worker {
 };
 
 TEST(RingCudaRunTest, PerRankApiOnOwnThreads) {
-  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  SKIP_WITHOUT_GPUS(2);
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   const AttentionShape shape{1, 1536, 4, 4, 128};
@@ -529,7 +498,7 @@ TEST(RingCudaRunTest, PerRankApiOnOwnThreads) {
 // A lean RingCudaRank run twice without reloading K/V: Run restores the home pieces, so both runs
 // give the same bits.
 TEST(RingCudaRunTest, LeanRankRepeatsWithoutReload) {
-  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << GpuCount();
+  SKIP_WITHOUT_GPUS(2);
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   const AttentionShape shape{1, 1100, 2, 2, 64};
@@ -592,7 +561,7 @@ TEST(RingCudaRunTest, LeanRankRepeatsWithoutReload) {
 
 // The allocator's hard limit (what the longest-causal bench and the budgeted plans rely on).
 TEST(CachingAllocatorLimitTest, RefusesPastTheLimit) {
-  if (GpuCount() < 1) GTEST_SKIP() << "no CUDA device available";
+  SKIP_WITHOUT_GPU();
   CachingAllocator a(0);
   a.set_limit(1 << 20);
   auto p1 = a.Allocate(512 << 10);

@@ -28,6 +28,7 @@
 #include "core/cuda/cuda_device.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_fixture.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace attnserve::testing {
 namespace {
@@ -106,7 +107,7 @@ int Count(const std::string& text, const std::string& needle) {
 }
 
 TEST(ServiceRingGpuTest, RanksOnTheirOwnWorkersWithCachedCommunicators) {
-  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs, " << CudaDeviceCount() << " visible";
+  SKIP_WITHOUT_GPUS(2);
   absl::StatusOr<Server> server = StartServer({"--backend=cuda", "--devices=0,1"});
   ASSERT_TRUE(server.ok()) << server.status();
   client::ClientOptions client_options;

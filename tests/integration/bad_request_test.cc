@@ -152,8 +152,8 @@ struct BadCase {
   bool may_respond = false;
 };
 
-std::vector<BadCase> BadCases() {
-  std::vector<BadCase> cases;
+// Chunks that do not add up: short, missing, overlapping, out of range, out of order.
+void AddChunkCases(std::vector<BadCase>& cases) {
   const auto ia = grpc::StatusCode::INVALID_ARGUMENT;
   cases.push_back({"q_short_by_4_bytes",
                    WithChunksOf(v1::TENSOR_Q, {ChunkMsg(v1::TENSOR_Q, 0, kQBytes - 4)}), ia,
@@ -193,6 +193,11 @@ std::vector<BadCase> BadCases() {
     std::vector<v1::AttendRequest> m = {ChunkMsg(v1::TENSOR_Q, 0, 4096), HeaderMsg(GoodHeader())};
     cases.push_back({"chunk_before_header", m, ia, "header: must be the first message"});
   }
+}
+
+// Header fields out of range (dtype, dims, sizes).
+void AddHeaderCases(std::vector<BadCase>& cases) {
+  const auto ia = grpc::StatusCode::INVALID_ARGUMENT;
   cases.push_back({"unknown_dtype",
                    WithHeader([](v1::AttendHeader& h) { h.set_dtype(static_cast<v1::DType>(42)); }),
                    ia, "header.dtype"});
@@ -217,6 +222,11 @@ std::vector<BadCase> BadCases() {
   cases.push_back({"header_claims_1e12_tokens",
                    HeaderOnly([](v1::AttendHeader& h) { h.set_tokens(1000000000000); }),
                    grpc::StatusCode::RESOURCE_EXHAUSTED, "header.tokens"});
+}
+
+// Specs that ValidateSpec refuses, each naming its field.
+void AddSpecCases(std::vector<BadCase>& cases) {
+  const auto ia = grpc::StatusCode::INVALID_ARGUMENT;
   cases.push_back(
       {"dilation_exceeds_segment",
        WithSpecJson(R"({"dilated": {"segmentLengths": [16, 64], "dilationRates": [1, 128]}})"), ia,
@@ -251,6 +261,12 @@ std::vector<BadCase> BadCases() {
   cases.push_back({"negative_scale",
                    WithHeader([](v1::AttendHeader& h) { h.mutable_spec()->set_scale(-1.0f); }), ia,
                    "spec.scale"});
+}
+
+// Messages the stream refuses: response chunk size, tensor kinds, an empty message, a chunk
+// above the limit, a stream that ends mid-upload.
+void AddMessageCases(std::vector<BadCase>& cases) {
+  const auto ia = grpc::StatusCode::INVALID_ARGUMENT;
   cases.push_back({"negative_response_chunk_bytes",
                    WithHeader([](v1::AttendHeader& h) { h.set_response_chunk_bytes(-1); }), ia,
                    "header.response_chunk_bytes"});
@@ -276,6 +292,10 @@ std::vector<BadCase> BadCases() {
     cases.push_back({"stream_cut_mid_upload", m, ia,
                      absl::StrCat("q: received ", kQBytes / 2, " of ", kQBytes)});
   }
+}
+
+// Calls that end on the client's side: a deadline before or during compute, a cancel mid-upload.
+void AddDeadlineAndCancelCases(std::vector<BadCase>& cases) {
   {
     // 16 MiB of f32 input and ~34 GFLOP of dense work: far more than 150 ms on the CPU backend.
     v1::AttendHeader h = GoodHeader();
@@ -310,6 +330,15 @@ std::vector<BadCase> BadCases() {
     c.cancel_after = 3;
     cases.push_back(std::move(c));
   }
+}
+
+std::vector<BadCase> BadCases() {
+  std::vector<BadCase> cases;
+  AddChunkCases(cases);
+  AddHeaderCases(cases);
+  AddSpecCases(cases);
+  AddMessageCases(cases);
+  AddDeadlineAndCancelCases(cases);
   return cases;
 }
 

@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "client/attn_client.h"
 #include "gtest/gtest.h"
-#include "server/spec_convert.h"
+#include "wire/convert.h"
 #include "tests/integration/server_fixture.h"
 
 namespace attnserve::testing {

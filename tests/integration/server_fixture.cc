@@ -29,7 +29,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "server/spec_convert.h"
+#include "wire/convert.h"
 
 #ifndef ATTNSERVE_BINARY
 #error "ATTNSERVE_BINARY must be defined (path of the attnserve binary)"

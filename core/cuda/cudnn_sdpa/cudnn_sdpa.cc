@@ -1,5 +1,7 @@
 // The one translation unit that includes cudnn_frontend (a large header-only library: keeping it
-// here keeps every other file's compile time unchanged). Compiled as plain C++.
+// here keeps every other file's compile time unchanged): graph keys and builds, the graph cache
+// and the CudnnSdpa engine. Loading libcudnn is cudnn_library.cc's, the shape-only answers and
+// helpers cudnn_sdpa_support.cc's. Compiled as plain C++.
 #include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
 
 #include <cuda_runtime.h>
@@ -25,12 +27,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/cudnn_sdpa/cudnn_sdpa_internal.h"
 #include "core/util/status_macros.h"
 
 #if defined(NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
 namespace cudnn_frontend {
 // cudnn_frontend's dynamic-loading mode resolves every cuDNN call with dlsym on this handle; it is
-// set once by LoadCudnn() before any frontend call.
+// set once by Cudnn() before any frontend call.
 void* cudnn_dlhandle = nullptr;
 }  // namespace cudnn_frontend
 #endif
@@ -46,9 +49,6 @@ constexpr int64_t kUidK = 2;
 constexpr int64_t kUidV = 3;
 constexpr int64_t kUidO = 4;
 constexpr int64_t kUidStats = 5;
-
-// cuDNN's kernels index tokens with 32-bit integers.
-constexpr int64_t kMaxTokens = int64_t{1} << 30;
 
 const char* FeCodeName(fe::error_code_t code) {
   switch (code) {
@@ -155,138 +155,16 @@ auto NoThrow(const char* what, const char* file, int line, Fn&& fn) -> decltype(
 
 // ---- loading libcudnn ----------------------------------------------------------------------
 
-struct CudnnLibrary {
-  void* handle = nullptr;
-  std::string path;   // what was loaded
-  std::string error;  // why nothing was, when handle is null
-};
-
-#if defined(NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
-
-std::vector<std::string> Glob(const std::string& pattern) {
-  std::vector<std::string> out;
-  glob_t g;
-  if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-  }
-  globfree(&g);
-  std::sort(out.rbegin(), out.rend());  // newest python first
-  return out;
-}
-
-std::vector<std::string> CudnnCandidates() {
-  std::vector<std::string> c;
-  if (const char* env = std::getenv("ATTNSERVE_CUDNN_LIBRARY"); env != nullptr && *env != '\0') {
-    c.emplace_back(env);
-  }
-  c.emplace_back("libcudnn.so.9");
-#ifdef ATTNSERVE_CUDNN_LIBRARY_HINT
-  c.emplace_back(ATTNSERVE_CUDNN_LIBRARY_HINT);
-#endif
-  // pip wheels (nvidia-cudnn-cu12 / -cu13, PyTorch's dependency): <site>/nvidia/cudnn/lib.
-  std::vector<std::string> sites = {
-      "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
-      "/usr/lib/python3/dist-packages",        "/usr/lib/python3*/site-packages",
-      "/opt/conda/lib/python3*/site-packages", "/opt/*/.venv/lib/python3*/site-packages",
-      "/opt/*/lib/python3*/site-packages",     "/root/.local/lib/python3*/site-packages"};
-  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
-    if (const char* p = std::getenv(var); p != nullptr && *p != '\0') {
-      sites.insert(sites.begin(), absl::StrCat(p, "/lib/python3*/site-packages"));
-    }
-  }
-  for (const std::string& site : sites) {
-    for (const char* sub : {"/nvidia/cudnn/lib/libcudnn.so.9", "/nvidia/cu13/lib/libcudnn.so.9",
-                            "/nvidia/cu12/lib/libcudnn.so.9", "/torch/lib/libcudnn.so.9"}) {
-      for (std::string& p : Glob(site + sub)) c.push_back(std::move(p));
-    }
-  }
-  return c;
-}
-
-std::string Dirname(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
-}
-
-// libcudnn.so.9 is a small shim that dlopens its sub-libraries (and the engines dlopen NVRTC) by
-// soname. When the shim came from a folder the loader does not search (a pip wheel), load those
-// first, RTLD_GLOBAL, so the later by-name lookups find them already in the process.
-void PreloadSiblings(const std::string& shim_path) {
-  const std::string dir = Dirname(shim_path);
-  for (const char* lib : {"libcudnn_graph.so.9", "libcudnn_engines_runtime_compiled.so.9",
-                          "libcudnn_engines_precompiled.so.9", "libcudnn_heuristic.so.9",
-                          "libcudnn_ops.so.9", "libcudnn_adv.so.9", "libcudnn_cnn.so.9"}) {
-    const std::string p = absl::StrCat(dir, "/", lib);
-    if (access(p.c_str(), R_OK) == 0) dlopen(p.c_str(), RTLD_LAZY | RTLD_GLOBAL);
-  }
-  // NVRTC (the runtime-compiled engines): CUDA 13 wheels put it in the same folder
-  // (<site>/nvidia/cu13/lib), CUDA 12 wheels in <site>/nvidia/cuda_nvrtc/lib.
-  for (const char* pattern : {"/libnvrtc.so.*", "/../../cuda_nvrtc/lib/libnvrtc.so.*"}) {
-    for (const std::string& p : Glob(absl::StrCat(dir, pattern))) {
-      dlopen(p.c_str(), RTLD_LAZY | RTLD_GLOBAL);
-    }
-  }
-}
-
-// cudnn_frontend's dynamic mode resolves a few CUDA runtime calls itself (dlopen of
-// libcudart.so.12, then .13). It must use the runtime this process already runs on, whose
-// cudaDeviceProp layout matches the headers we compiled against: point it there (a user setting
-// of CUDNN_FRONTEND_CUDART_LIB_NAME wins).
-void PinCudartForFrontend() {
-  std::string name = absl::StrCat("libcudart.so.", CUDART_VERSION / 1000);
-  if (void* sym = dlsym(RTLD_DEFAULT, "cudaRuntimeGetVersion"); sym != nullptr) {
-    Dl_info info;
-    if (dladdr(sym, &info) != 0 && info.dli_fname != nullptr &&
-        std::strstr(info.dli_fname, "libcudart") != nullptr) {
-      name = info.dli_fname;
-    }
-  }
-  setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", name.c_str(), /*overwrite=*/0);
-}
-
-CudnnLibrary LoadCudnnLibrary() {
-  CudnnLibrary lib;
-  PinCudartForFrontend();
-  std::vector<std::string> tried;
-  for (const std::string& cand : CudnnCandidates()) {
-    dlerror();
-    void* h = dlopen(cand.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (h == nullptr) {
-      const char* err = dlerror();
-      tried.push_back(absl::StrCat(cand, " (", err != nullptr ? err : "not found", ")"));
-      continue;
-    }
-    if (cand.find('/') != std::string::npos) PreloadSiblings(cand);
-    lib.handle = h;
-    lib.path = cand;
-    Dl_info info;
-    void* sym = dlsym(h, "cudnnGetVersion");
-    if (sym != nullptr && dladdr(sym, &info) != 0 && info.dli_fname != nullptr) {
-      lib.path = info.dli_fname;
-    }
-    fe::cudnn_dlhandle = h;
-    return lib;
-  }
-  lib.error = absl::StrCat("no libcudnn.so.9 could be loaded; tried: ", absl::StrJoin(tried, "; "),
-                           ". Set ATTNSERVE_CUDNN_LIBRARY to its path or add its folder to "
-                           "LD_LIBRARY_PATH");
-  return lib;
-}
-
-#else  // linked against libcudnn at build time
-
-CudnnLibrary LoadCudnnLibrary() {
-  CudnnLibrary lib;
-  lib.handle = reinterpret_cast<void*>(&cudnnGetVersion);
-  lib.path = "libcudnn (linked)";
-  return lib;
-}
-
-#endif
 
 // Loaded once per process, never unloaded (graphs and handles refer into it until exit).
 const CudnnLibrary& Cudnn() {
-  static const CudnnLibrary* const lib = new CudnnLibrary(LoadCudnnLibrary());
+  static const CudnnLibrary* const lib = [] {
+    auto* loaded = new CudnnLibrary(LoadCudnnLibrary());
+#if defined(NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
+    fe::cudnn_dlhandle = loaded->handle;
+#endif
+    return loaded;
+  }();
   return *lib;
 }
 
@@ -440,18 +318,6 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-absl::StatusOr<bool> CudnnSdpaSupports(const AttentionSpec& spec, const AttentionShape& shape,
-                                       DType dtype) {
-  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
-  const bool pattern_ok = std::holds_alternative<DenseSpec>(spec.pattern) ||
-                          std::holds_alternative<WindowSpec>(spec.pattern);
-  const bool dtype_ok = dtype == DType::kBF16 || dtype == DType::kF16;
-  const bool dim_ok = shape.head_dim % 8 == 0 && shape.head_dim >= 8 && shape.head_dim <= 256;
-  const bool tokens_ok = shape.tokens >= 2 && shape.tokens <= kMaxTokens;
-  const bool heads_ok = shape.kv_heads >= 1 && shape.q_heads % shape.kv_heads == 0;
-  return pattern_ok && dtype_ok && dim_ok && tokens_ok && heads_ok;
-}
 
 // ---- CudnnSdpa -------------------------------------------------------------------------------
 
@@ -552,28 +418,7 @@ struct CudnnSdpa::Impl {
 
   absl::Status ForwardPiece(const CudnnSdpaPiece& piece, const void* q, const void* k,
                             const void* v, void* o, float* lse, cudaStream_t stream) {
-    const bool dtype_ok = piece.dtype == DType::kBF16 || piece.dtype == DType::kF16;
-    const bool dim_ok =
-        piece.head_dim % 8 == 0 && piece.head_dim >= 8 && piece.head_dim <= 256;
-    const bool heads_ok = piece.q_heads >= 1 && piece.kv_heads >= 1 &&
-                          piece.q_heads % piece.kv_heads == 0;
-    const bool tokens_ok = piece.batch >= 1 && piece.q_tokens >= 1 && piece.kv_tokens >= 1 &&
-                           piece.q_tokens <= kMaxTokens && piece.kv_tokens <= kMaxTokens &&
-                           piece.q_tokens * piece.kv_tokens >= 2;
-    const bool strides_ok =
-        piece.q_batch_stride >= piece.q_tokens * piece.q_heads * piece.head_dim &&
-        piece.kv_batch_stride >= piece.kv_tokens * piece.kv_heads * piece.head_dim &&
-        piece.q_batch_stride % 8 == 0 && piece.kv_batch_stride % 8 == 0;
-    if (!dtype_ok || !dim_ok || !heads_ok || !tokens_ok || !strides_ok ||
-        (piece.causal && piece.q_tokens > piece.kv_tokens) || !(piece.scale > 0.f)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cudnn_sdpa: piece [B=", piece.batch, ", N_q=", piece.q_tokens,
-          ", N_kv=", piece.kv_tokens, ", Hq=", piece.q_heads, ", Hkv=", piece.kv_heads,
-          ", D=", piece.head_dim, "] ", std::string(DTypeName(piece.dtype)),
-          piece.causal ? " causal" : "",
-          " is not covered (bf16/f16, D % 8 == 0 and <= 256, Hq % Hkv == 0, batch strides >= one"
-          " batch and multiples of 8, causal needs N_q <= N_kv, scale > 0)"));
-    }
+    ATTN_RETURN_IF_ERROR(CheckCudnnPieceCovered(piece));
     return Execute(MakePieceKey(piece), q, k, v, o, lse, stream);
   }
 
@@ -714,44 +559,6 @@ CudnnSdpa::CacheStats CudnnSdpa::cache_stats() const {
   CacheStats s = impl_->stats;
   s.entries = static_cast<int64_t>(impl_->lru.size());
   return s;
-}
-
-absl::Status CudnnSdpaForward(CudnnSdpa& sdpa, const AttentionSpec& spec,
-                              const AttentionShape& shape, DType dtype, const void* q,
-                              const void* k, const void* v, void* o, float* lse,
-                              cudaStream_t stream) {
-  return sdpa.Forward(spec, shape, dtype, q, k, v, o, lse, stream);
-}
-
-absl::StatusOr<double> TimeCudnnSdpaMs(CudnnSdpa& sdpa, const AttentionSpec& spec,
-                                       const AttentionShape& shape, DType dtype, const void* q,
-                                       const void* k, const void* v, void* o, float* lse,
-                                       cudaStream_t stream, int warmup, int iters) {
-  if (iters < 1) return absl::InvalidArgumentError("TimeCudnnSdpaMs: iters: expected >= 1");
-  for (int i = 0; i < warmup; ++i) {
-    ATTN_RETURN_IF_ERROR(sdpa.Forward(spec, shape, dtype, q, k, v, o, lse, stream));
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  const cudaError_t err = cudaEventCreate(&stop);
-  if (err != cudaSuccess) {
-    cudaEventDestroy(start);
-    return CudaErrorToStatus(err, "cudaEventCreate(&stop)", __FILE__, __LINE__);
-  }
-  absl::StatusOr<double> result = [&]() -> absl::StatusOr<double> {
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
-    for (int i = 0; i < iters; ++i) {
-      ATTN_RETURN_IF_ERROR(sdpa.Forward(spec, shape, dtype, q, k, v, o, lse, stream));
-    }
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
-    return static_cast<double>(ms) / iters;
-  }();
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return result;
 }
 
 }  // namespace attnserve

@@ -1,6 +1,6 @@
 // flash_fwd launch: grid, shared memory and stream for one (head dim, dtype, block size).
 // Included by exactly one .cu per (head dim, dtype), which instantiates RunFlashFwd for both block
-// sizes. Everything else goes through RunAttentionForward (core/cuda/attention_forward.h), the
+// sizes. Everything else goes through RunAttentionForward (core/cuda/cuda_attention.h), the
 // one runtime -> template dispatch.
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_FLASH_FWD_LAUNCH_H_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_FLASH_FWD_LAUNCH_H_

@@ -1,11 +1,13 @@
 // flash_fwd_sm90 v2: the v1 kernel (flash_fwd_sm90_kernel.cuh) with warp specialization.
 //
 // Same contract, math, shared-memory tile layout, wgmma descriptors and epilogue as v1 (the
-// consumer body is v1's loop body); what changes is who loads and how the stages are handed over:
+// per-tile consumer math and the epilogue are the shared functions of flash_fwd_sm90_mainloop,
+// _mask, _softmax and _epilogue.cuh that v1 and v3 call too); what changes is who loads and how
+// the stages are handed over:
 // - CTA = 3 warpgroups (384 threads), layout block 128 only (block 64 keeps v1):
 //   warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0 and 1 load K/V, warp 2
-//   loads Q, warp 3 exits), warpgroups 1 and 2 = consumers (setmaxnreg.inc to kConsumerRegs), query rows
-//   [0, 64) and [64, 128) of the tile, exactly as v1's warpgroups 0 and 1.
+//   loads Q, warp 3 exits), warpgroups 1 and 2 = consumers (setmaxnreg.inc to kConsumerRegs), query
+//   rows [0, 64) and [64, 128) of the tile, exactly as v1's warpgroups 0 and 1.
 // - Producer warps: cp.async (16 B, same swizzled layout and zero-fill past the key end as v1)
 //   of Q (warp 2, published on its own barrier as soon as it landed) and of each kept K/V block
 //   into the kStages ring, tile e by warp e % 2. A warp
@@ -33,7 +35,12 @@
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V2_KERNEL_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V2_KERNEL_CUH_
 
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_epilogue.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_mainloop.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_softmax.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_tile_scheduler.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
 
 namespace attnserve {
 namespace flash_sm90 {
@@ -70,53 +77,6 @@ struct Sm90V2Traits {
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
 
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Release (CTA scope) arrive: orders this thread's earlier generic-proxy accesses before it.
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile(
-      "{\n.reg .b64 st;\n"
-      "mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-      : "memory");
-}
-// The same arrive by lane 0 of the warp only, predicated inside the asm (no divergent branch in
-// the consumer loop for ptxas to see around the wgmma pipeline). Callers are converged.
-__device__ __forceinline__ void MbarArriveLane0(uint32_t bar, int lane) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .b64 st;\n"
-      "setp.eq.s32 p, %1, 0;\n"
-      "@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar),
-      "r"(lane)
-      : "memory");
-}
-// Acquire (CTA scope) wait for the phase with the given parity to complete. The retry loop is
-// inside the asm (labels local to its braces): to the compiler the wait is one straight-line
-// instruction, so no divergence is seen around the wgmma code that follows.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "MBAR_WAIT_RETRY:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra MBAR_WAIT_RETRY;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-template <int kRegs>
-__device__ __forceinline__ void SetMaxNregInc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void SetMaxNregDec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte aligned global address; no data
-// reaches the issuing thread and nothing waits for it.
-__device__ __forceinline__ void PrefetchL2Bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // One warp loads rows [row0, row0 + kRows) of a (., kHeadDim) matrix into a swizzled tile
 // (rows at or past `limit` zero-filled, never read): lane = (row within a group, 16-byte chunk).
 template <int kRows, int kChunks, typename Elem>
@@ -137,35 +97,197 @@ __device__ __forceinline__ void WarpLoadTile(uint32_t smem, const Elem* gbase, i
   }
 }
 
+// Shared memory of the warp-specialized kernels (shared-window addresses): the tiles, then the
+// mbarriers, then the per-stage tile metadata. The persistent kernel adds q_empty (bar_q + 8)
+// and its item metadata after these.
+struct WarpSpecializedSmem {
+  uint32_t q;          // (kBlock, kHeadDim) Q tile
+  uint32_t kv;         // stage s: (kBlock, kHeadDim) K at kv + 2 s tiles, V right after it
+  uint32_t bar_full;   // + 8 s: stage s landed (count 32: the lanes of the warp that loaded it)
+  uint32_t bar_empty;  // + 8 s: stage s released (count 8: one lane per consumer warp)
+  uint32_t bar_q;      // Q landed (count 32: the Q warp)
+  int* meta;           // [2 s], [2 s + 1]: key block and mask kind of the tile in stage s
+};
+template <typename Traits>
+__device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned char* smem_raw) {
+  const uint32_t smem_raw_addr = SmemAddr(smem_raw);
+  // 1024-byte alignment of every tile (the 128-byte swizzle atom); kSmemBytes reserves the slack.
+  const uint32_t smem_base = (smem_raw_addr + 1023u) & ~1023u;
+  // Generic pointer to smem_base: 1024-byte aligned like its shared-window address (the window
+  // is aligned beyond that); telling the compiler lets it pair the metadata words into 8-byte
+  // accesses.
+  unsigned char* const smem_ptr = static_cast<unsigned char*>(
+      __builtin_assume_aligned(smem_raw + (smem_base - smem_raw_addr), 1024));
+  WarpSpecializedSmem sm;
+  sm.q = smem_base;
+  sm.kv = smem_base + Traits::kTileBytes;
+  sm.bar_full = smem_base + Traits::kBarOffset;
+  sm.bar_empty = sm.bar_full + 8 * Traits::kStages;
+  sm.bar_q = sm.bar_full + 16 * Traits::kStages;
+  sm.meta = reinterpret_cast<int*>(smem_ptr + Traits::kMetaOffset);
+  return sm;
+}
+
+// Producer K/V warp: tile e of row `row` (ring slot `stage`, use `use` of that slot counted from
+// 0) into the ring. Its CSR entry is read before the stage wait, so its latency overlaps it; the
+// consumers released the slot's previous tile (use - 1) before it is overwritten. The warp waits
+// for its own copies, makes them visible to the async proxy (wgmma) in every writing lane, and
+// releases them and lane 0's metadata with its full[stage] arrive. Index: int (one row per CTA:
+// use = e / kStages) or uint32_t (persistent: the CTA-global tile count), the caller's own type.
+template <typename Traits, typename Index>
+__device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
+                                              const WarpSpecializedSmem& sm, int row, int64_t begin,
+                                              int e, int stage, Index use,
+                                              const typename Traits::Elem* k_base,
+                                              const typename Traits::Elem* v_base, int64_t nk,
+                                              int lane) {
+  constexpr int kBlock = Traits::kBlock;
+  int mask;
+  const int blk = TileKeyBlock(p, row, begin, e, mask);
+  if (use > 0) MbarWait(sm.bar_empty + 8 * stage, static_cast<uint32_t>((use + 1) & 1));
+  if (lane == 0) {
+    sm.meta[2 * stage] = blk;
+    sm.meta[2 * stage + 1] = mask;
+  }
+  const int64_t k0 = static_cast<int64_t>(blk) * kBlock;
+  const uint32_t base = sm.kv + stage * 2u * Traits::kTileBytes;
+  WarpLoadTile<kBlock, Traits::kChunks>(base, k_base, p.k_row_stride, k0, nk, lane);
+  WarpLoadTile<kBlock, Traits::kChunks>(base + Traits::kTileBytes, v_base, p.v_row_stride, k0, nk,
+                                        lane);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  FenceProxyAsyncShared();
+  MbarArrive(sm.bar_full + 8 * stage);
+}
+
+// Ping-pong between the consumer warpgroups of the warp-specialized kernels: the S GEMM issues
+// alternate S0(e), S1(e), S0(e + 1), ... Warpgroup 1 waits on named barrier 1 for warpgroup 0's
+// S issue of this tile (as v1); warpgroup 0 waits on named barrier 2 for warpgroup 1's S issue
+// of the previous tile. The second barrier replaces v1's per-tile __syncthreads, which bounded
+// the warpgroups' skew: without it warpgroup 0 could run a tile ahead and arrive twice on
+// barrier 1 (hardware barriers count arrivals, not threads: that completes a generation without
+// warpgroup 1 and deadlocks it at the end). Both warpgroups sync and arrive every tile, with or
+// without work; warpgroup 1 skips the arrive of the row's last tile (warpgroup 0 has no sync
+// left). `wg` is warp-uniform (shuffled), so these branches do not serialize the wgmma.
+__device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
+  if (wg == 1) {
+    NamedBarSync(1, 256);
+  } else if (!first) {
+    NamedBarSync(2, 256);
+  }
+}
+__device__ __forceinline__ void PingPongAfterScores(int wg, bool last) {
+  if (wg == 0) {
+    NamedBarArrive(1, 256);
+  } else if (!last) {
+    NamedBarArrive(2, 256);
+  }
+}
+
+// Where a consumer warpgroup of the warp-specialized kernels stands in the current row.
+struct ConsumerRow {
+  uint32_t q_wg;    // its (64, kHeadDim) Q rows in smem
+  int64_t wg_row0;  // its first query row
+  bool active;      // any of its rows before the query end (warpgroup-uniform)
+};
+
+// One K/V tile of a consumer warpgroup: wait for the stage (ring slot `stage`, full parity
+// `parity`), ping-pong, S GEMM, then mask / softmax / P V, and hand the stage back. Every
+// consumer warp waits and arrives every tile, also without work (rows past the end, a causal
+// diagonal after its rows), so one barrier phase is one tile. on_scores() runs once the S GEMM
+// completed (or would have: no work), by the converged warp: the persistent kernel releases Q
+// there. One `if (work)` block holds the S wgmma and its wait: an issued wgmma reaching the loop
+// back edge without a wait on some path makes ptxas insert waits and serialize (C7517/C7515).
+template <typename Traits, typename OnScores>
+__device__ __forceinline__ void ConsumeTile(
+    const FlashFwdParams& p, const WarpSpecializedSmem& sm, int stage, uint32_t parity, bool first,
+    bool last, int wg, int lane, const ConsumerRow& cr, const ThreadRows& rows, int64_t nk,
+    float (&acc_o)[Traits::kHeadDim / 2], OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax,
+    OnScores on_scores) {
+  constexpr int kBlock = Traits::kBlock;
+  MbarWait(sm.bar_full + 8 * stage, parity);
+  const int mask = sm.meta[2 * stage + 1];
+  const int64_t k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
+  const bool work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
+  const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
+  const uint32_t v_tile = k_tile + Traits::kTileBytes;
+
+  PingPongBeforeScores(wg, first);
+  if (!work) {
+    PingPongAfterScores(wg, last);
+    on_scores();
+  } else {
+    float s[kBlock / 2];  // (64, kBlock) S of this warpgroup
+    IssueScores<Traits>(s, cr.q_wg, k_tile);
+    PingPongAfterScores(wg, last);
+    WaitScores(s);
+    on_scores();
+    ConsumeScores<Traits>(p, s, acc_o, softmax, rows, mask, k0, nk, v_tile);
+  }
+  // This warp's wgmma reads of the stage are complete (wgmma.wait_group 0 in GemmPV, executed by
+  // the converged warp): hand the stage back to the producer.
+  MbarArriveLane0(sm.bar_empty + 8 * stage, lane);
+}
+
+// Producer K/V warp `warp` (< kProducerWarps) of the one-row kernel: tiles warp, warp +
+// kProducerWarps, ... Each warp has one tile in flight and publishes it as soon as it landed,
+// so kProducerWarps tiles load at once and no tile's publication waits for a later tile's issue
+// or for a stage release.
+template <typename Traits>
+__device__ __forceinline__ void ProduceRowKv(const FlashFwdParams& p, const WarpSpecializedSmem& sm,
+                                             int row, int64_t begin, int count, int64_t nk,
+                                             int warp, int lane) {
+  using Elem = typename Traits::Elem;
+  const Elem* k_base;
+  const Elem* v_base;
+  KvBase<Elem>(p, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), k_base, v_base);
+  for (int e = warp; e < count; e += Traits::kProducerWarps) {
+    ProduceKvTile<Traits>(p, sm, row, begin, e, e % Traits::kStages, e / Traits::kStages, k_base,
+                          v_base, nk, lane);
+  }
+}
+
+// Consumer warpgroup `wg` of the one-row kernel: its 64 rows against every kept tile, then the
+// epilogue.
+template <typename Traits>
+__device__ __forceinline__ void ConsumeRow(const FlashFwdParams& p, const WarpSpecializedSmem& sm,
+                                           int row, int count, int64_t nk, int wg, int warp,
+                                           int lane) {
+  constexpr int kBlock = Traits::kBlock;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  float acc_o[kHeadDim / 2];  // (64, kHeadDim) O of this warpgroup, wgmma accumulator layout
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
+  OnlineSoftmax<kBlock, kHeadDim> softmax;
+  softmax.Reset();
+
+  const int64_t wg_row0 = static_cast<int64_t>(row) * kBlock + wg * 64;
+  const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
+  const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, p.q_pos_offset - p.k_pos_offset,
+                        lane % 4};
+
+  MbarWait(sm.bar_q, 0);
+  for (int e = 0; e < count; ++e) {
+    ConsumeTile<Traits>(p, sm, e % Traits::kStages,
+                        static_cast<uint32_t>((e / Traits::kStages) & 1), e == 0, e + 1 == count,
+                        wg, lane, cr, rows, nk, acc_o, softmax, [] {});
+  }
+  if (cr.active) {
+    StoreOutput<typename Traits::Elem>(
+        p, acc_o, softmax,
+        MakeOutputBase(p, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)), rows.my_row0,
+        rows.t);
+  }
+}
+
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     FlashFwdSm90V2Kernel(const FlashFwdParams p) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
-  using Elem = typename Traits::Elem;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  constexpr int kBlock = Traits::kBlock;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kTileBytes = Traits::kTileBytes;
-  constexpr int kPanelBytes = Traits::kPanelBytes;
-  constexpr int kSRegs = kBlock / 2;
-  constexpr int kORegs = kHeadDim / 2;
-  constexpr int kNTilesS = kBlock / 8;
-  constexpr int kNTilesO = kHeadDim / 8;
-  constexpr int kProducerWarps = Traits::kProducerWarps;
-
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t smem_raw_addr = SmemAddr(smem_raw);
-  const uint32_t smem_base = (smem_raw_addr + 1023u) & ~1023u;
-  unsigned char* const smem_ptr = smem_raw + (smem_base - smem_raw_addr);
-  const uint32_t smem_q = smem_base;
-  const uint32_t smem_kv = smem_base + kTileBytes;  // stage s: K at 2s tiles, V at 2s + 1
-  constexpr uint32_t kStageBytes = 2u * kTileBytes;
-  const uint32_t bar_full = smem_base + Traits::kBarOffset;   // + 8 s
-  const uint32_t bar_empty = bar_full + 8 * kStages;          // + 8 s
-  const uint32_t bar_q = bar_full + 16 * kStages;
-  int* const meta = reinterpret_cast<int*>(smem_ptr + Traits::kMetaOffset);  // [2 s], [2 s + 1]
+  const WarpSpecializedSmem sm = MakeWarpSpecializedSmem<Traits>(smem_raw);
 
   const int tid = static_cast<int>(threadIdx.x);
   // Warpgroup index made visibly warp-uniform (a shuffle from lane 0), so that ptxas sees the
@@ -174,306 +296,41 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int warp = tid / 32;
   const int lane = tid % 32;
 
-  const int64_t row =
-      p.row_order != nullptr ? static_cast<int64_t>(p.row_order[blockIdx.x]) : blockIdx.x;
-  const int64_t q0 = row * kBlock;
-  const int64_t n = p.seqlen;
+  const int row = p.row_order != nullptr ? p.row_order[blockIdx.x] : static_cast<int>(blockIdx.x);
   const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
-
   int64_t begin = 0;
-  int count = 0;
-  if (p.col_idx != nullptr) {
-    begin = p.row_ptr[row];
-    count = static_cast<int>(p.row_ptr[row + 1] - begin);
-  } else {
-    count = static_cast<int>(p.dense_causal ? min(row + 1, p.num_k_blocks) : p.num_k_blocks);
-  }
+  int count;
+  ItemRange(p, row, begin, count);
 
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(bar_full + 8 * s, 32);  // every lane of the producer warp that loads the tile
-      MbarInit(bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // one lane per consumer warp
+    for (int s = 0; s < Traits::kStages; ++s) {
+      MbarInit(sm.bar_full + 8 * s, 32);  // every lane of the producer warp that loads the tile
+      MbarInit(sm.bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // a lane per consumer warp
     }
-    MbarInit(bar_q, 32);  // every lane of the Q warp (producer warp kProducerWarps)
+    MbarInit(sm.bar_q, 32);  // every lane of the Q warp (producer warp kProducerWarps)
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
 
   if (warpgroup == 0) {
-    // ================================ producer warpgroup ================================
+    // Producer warpgroup: warps [0, kProducerWarps) load K/V, the next one Q, the last exits.
     SetMaxNregDec<Traits::kProducerRegs>();
-    if (warp < kProducerWarps) {
-      const int head = p.head_start + static_cast<int>(blockIdx.y) * p.head_step;
-      const int kv_head = head / p.kv_group;
-      const int batch = static_cast<int>(blockIdx.z) / p.num_segs;
-      const int seg = static_cast<int>(blockIdx.z) % p.num_segs;
-      const Elem* k_base = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride +
-                           seg * p.k_seg_stride + kv_head * p.k_head_stride;
-      const Elem* v_base = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride +
-                           seg * p.v_seg_stride + kv_head * p.v_head_stride;
-      // Producer warp w loads tiles w, w + kProducerWarps, ...: each warp has one tile in
-      // flight and publishes it as soon as it landed, so kProducerWarps tiles load at once and
-      // no tile's publication waits for a later tile's issue or for a stage release.
-      for (int e = warp; e < count; e += kProducerWarps) {
-        const int stage = e % kStages;
-        // The tile's CSR entry is read before the stage wait, so its latency overlaps it.
-        int blk, mask;
-        if (p.col_idx != nullptr) {
-          blk = p.col_idx[begin + e];
-          mask = p.block_mask[begin + e];
-        } else {
-          blk = e;
-          mask = (p.dense_causal && e == row) ? 1 : 0;
-        }
-        // Reuse: the consumers released this stage's previous tile (e - kStages).
-        if (e >= kStages) {
-          MbarWait(bar_empty + 8 * stage, static_cast<uint32_t>((e / kStages + 1) & 1));
-        }
-        if (lane == 0) {
-          meta[2 * stage] = blk;
-          meta[2 * stage + 1] = mask;
-        }
-        const int64_t k0 = static_cast<int64_t>(blk) * kBlock;
-        const uint32_t base = smem_kv + stage * kStageBytes;
-        WarpLoadTile<kBlock, Traits::kChunks>(base, k_base, p.k_row_stride, k0, nk, lane);
-        WarpLoadTile<kBlock, Traits::kChunks>(base + kTileBytes, v_base, p.v_row_stride, k0, nk,
-                                              lane);
-        CpAsyncCommit();
-        // The tile landed: make this lane's generic-proxy writes visible to the async proxy
-        // (wgmma), then release them (and lane 0's meta) to the consumers.
-        CpAsyncWait<0>();
-        FenceProxyAsyncShared();
-        MbarArrive(bar_full + 8 * stage);
-      }
-    } else if (warp == kProducerWarps) {
-      // Q warp: Q has its own warp, so its arrival does not wait behind a K/V tile's issue.
-      const int head = p.head_start + static_cast<int>(blockIdx.y) * p.head_step;
-      const int batch = static_cast<int>(blockIdx.z) / p.num_segs;
-      const int seg = static_cast<int>(blockIdx.z) % p.num_segs;
-      const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
-                           seg * p.q_seg_stride + head * p.q_head_stride;
-      WarpLoadTile<kBlock, Traits::kChunks>(smem_q, q_base, p.q_row_stride, q0, n, lane);
+    if (warp < Traits::kProducerWarps) {
+      ProduceRowKv<Traits>(p, sm, row, begin, count, nk, warp, lane);
+    } else if (warp == Traits::kProducerWarps) {
+      // Q has its own warp, so its arrival does not wait behind a K/V tile's issue.
+      const typename Traits::Elem* q_base = QBase<typename Traits::Elem>(
+          p, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
+      WarpLoadTile<Traits::kBlock, Traits::kChunks>(
+          sm.q, q_base, p.q_row_stride, static_cast<int64_t>(row) * Traits::kBlock, p.seqlen, lane);
       CpAsyncCommit();
       CpAsyncWait<0>();
       FenceProxyAsyncShared();
-      MbarArrive(bar_q);
+      MbarArrive(sm.bar_q);
     }
   } else {
-    // ================================ consumer warpgroups ===============================
     SetMaxNregInc<Traits::kConsumerRegs>();
-    const int wg = warpgroup - 1;  // query rows [64 wg, 64 wg + 64) of the tile
-    const int warp_in_wg = warp % 4;
-    const int g = lane / 4;
-    const int t = lane % 4;
-
-    const int head = p.head_start + static_cast<int>(blockIdx.y) * p.head_step;
-    const int batch = static_cast<int>(blockIdx.z) / p.num_segs;
-    const int seg = static_cast<int>(blockIdx.z) % p.num_segs;
-    const int64_t delta = p.q_pos_offset - p.k_pos_offset;
-
-    float acc_o[kORegs];
-#pragma unroll
-    for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.f, 0.f};
-
-    const int64_t wg_row0 = q0 + wg * 64;
-    const int64_t my_row0 = wg_row0 + warp_in_wg * 16 + g;  // + 8 h
-    const bool wg_active = wg_row0 < n;
-    const uint32_t q_wg = smem_q + wg * 64 * 128;
-
-    MbarWait(bar_q, 0);
-    for (int e = 0; e < count; ++e) {
-      const int stage = e % kStages;
-      MbarWait(bar_full + 8 * stage, static_cast<uint32_t>((e / kStages) & 1));
-      const int mask = meta[2 * stage + 1];
-      const int64_t k0 = static_cast<int64_t>(meta[2 * stage]) * kBlock;
-      const bool work = wg_active && k0 < nk && !(mask == 1 && k0 > wg_row0 + 63 + delta);
-
-      const uint32_t k_tile = smem_kv + stage * kStageBytes;
-      const uint32_t v_tile = k_tile + kTileBytes;
-
-      // Ping-pong: the S GEMM issues alternate S0(e), S1(e), S0(e + 1), ... Consumer warpgroup
-      // 1 waits on named barrier 1 for warpgroup 0's S issue of this tile (as v1); warpgroup 0
-      // waits on named barrier 2 for warpgroup 1's S issue of the previous tile. The second
-      // barrier is new in v2: without v1's per-tile __syncthreads nothing else keeps warpgroup 0
-      // from running a tile ahead and arriving twice on barrier 1 (hardware barriers count
-      // arrivals, not threads: that would complete a generation without warpgroup 1 and
-      // deadlock it at the end). Both warpgroups sync and arrive every tile, with or without
-      // work; warpgroup 1 skips the arrive of the last tile (warpgroup 0 has no sync left).
-      // One `if (work)` block holds the S wgmma and its wait: no path from an issued wgmma to
-      // the loop's back edge without a wait (ptxas would otherwise insert one and serialize).
-      if (wg == 1) {
-        NamedBarSync(1, 256);
-      } else if (e > 0) {
-        NamedBarSync(2, 256);
-      }
-      if (!work) {
-        if (wg == 0) {
-          NamedBarArrive(1, 256);
-        } else if (e + 1 < count) {
-          NamedBarArrive(2, 256);
-        }
-      } else {
-        float s[kSRegs];
-#pragma unroll
-        for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
-#pragma unroll
-        for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          const uint32_t koff = (kk / 4) * kPanelBytes + (kk % 4) * 32;
-          const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
-          const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
-          Wgmma<kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
-        }
-        WgmmaCommit();
-        if (wg == 0) {
-          NamedBarArrive(1, 256);
-        } else if (e + 1 < count) {
-          NamedBarArrive(2, 256);
-        }
-        WgmmaWait<0>();
-#pragma unroll
-        for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
-
-        const bool ragged = k0 + kBlock > nk;
-        if (mask != 0 || ragged) {
-#pragma unroll
-          for (int i = 0; i < kNTilesS; ++i) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const int64_t key = k0 + i * 8 + 2 * t + (j & 1);
-              const int64_t qr = my_row0 + 8 * (j >> 1) + delta;
-              bool ok = key < nk;
-              if (mask == 1) {
-                ok = ok && key <= qr;
-              } else if (mask == 2) {
-                if (p.rule_causal) ok = ok && key <= qr;
-                if (p.rule_window >= 0) {
-                  const int64_t d = qr - key;
-                  ok = ok && d <= p.rule_window && -d <= p.rule_window;
-                }
-              }
-              if (!ok) s[4 * i + j] = -INFINITY;
-            }
-          }
-        }
-
-        float scaled_max[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = row_max[h];
-#pragma unroll
-          for (int i = 0; i < kNTilesS; ++i) {
-            mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          scaled_max[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-          const float alpha = Exp2(row_max[h] * p.scale_log2 - scaled_max[h]);
-          row_max[h] = mx;
-          row_sum[h] *= alpha;
-#pragma unroll
-          for (int i = 0; i < kNTilesO; ++i) {
-            acc_o[4 * i + 2 * h] *= alpha;
-            acc_o[4 * i + 2 * h + 1] *= alpha;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kNTilesS; ++i) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            s[4 * i + j] = Exp2(fmaf(s[4 * i + j], p.scale_log2, -scaled_max[j >> 1]));
-            row_sum[j >> 1] += s[4 * i + j];
-          }
-        }
-
-        uint32_t pa[kBlock / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kBlock / 16; ++kk) {
-          pa[kk][0] = Pack<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
-          pa[kk][1] = Pack<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
-          pa[kk][2] = Pack<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
-          pa[kk][3] = Pack<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-#pragma unroll
-        for (int kk = 0; kk < kBlock / 16; ++kk) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) FenceReg(pa[kk][j]);
-        }
-#pragma unroll
-        for (int i = 0; i < kORegs; ++i) FenceReg(acc_o[i]);
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kBlock / 16; ++kk) {
-          const uint64_t db = MakeDesc(v_tile + kk * 16 * 128, kPanelBytes, 1024);
-          Wgmma<kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db, 1);
-        }
-        WgmmaCommit();
-        WgmmaWait<0>();
-#pragma unroll
-        for (int i = 0; i < kORegs; ++i) FenceReg(acc_o[i]);
-      }
-      // This warp's wgmma reads of the stage are complete (wgmma.wait_group 0 above, executed by
-      // the converged warp): hand the stage back to the producer.
-      MbarArriveLane0(bar_empty + 8 * stage, lane);
-    }
-
-    if (wg_active) {
-      const int64_t o_offset =
-          batch * p.o_batch_stride + seg * p.o_seg_stride + head * p.o_head_stride;
-      float* lse_base = p.lse + batch * p.lse_batch_stride + seg * p.lse_seg_stride +
-                        head * p.lse_head_stride;
-      // ---- epilogue: v1's ----
-      float row_l[2];
-      float lse_prev[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float l = row_sum[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        row_l[h] = l;
-        const int64_t r = my_row0 + 8 * h;
-        lse_prev[h] = (p.accumulate && r < n) ? lse_base[r * p.lse_row_stride] : -INFINITY;
-      }
-      __syncwarp();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float l = row_l[h];
-        const bool empty = !(l > 0.f);
-        const float inv = empty ? 0.f : 1.f / l;
-        const int64_t r = my_row0 + 8 * h;
-        if (r >= n) continue;
-        const float lse_new = empty ? -INFINITY : row_max[h] * p.scale + logf(l);
-        if (!p.accumulate) {
-          Elem* orow = static_cast<Elem*>(p.o) + o_offset + r * p.o_row_stride;
-#pragma unroll
-          for (int i = 0; i < kNTilesO; ++i) {
-            *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) =
-                Pack<Elem>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
-          }
-          if (t == 0) lse_base[r * p.lse_row_stride] = lse_new;
-        } else if (!empty) {
-          const float l_acc = lse_prev[h];
-          const float l_max = fmaxf(l_acc, lse_new);
-          const float l_out = l_max + log1pf(__expf(fminf(l_acc, lse_new) - l_max));
-          const float w_acc = l_acc == -INFINITY ? 0.f : __expf(l_acc - l_out);
-          const float w_new = __expf(lse_new - l_out) * inv;
-          float* orow = static_cast<float*>(p.o) + o_offset + r * p.o_row_stride;
-#pragma unroll
-          for (int i = 0; i < kNTilesO; ++i) {
-            float2* dst = reinterpret_cast<float2*>(orow + i * 8 + 2 * t);
-            float2 cur = w_acc == 0.f ? make_float2(0.f, 0.f) : *dst;
-            cur.x = fmaf(w_acc, cur.x, w_new * acc_o[4 * i + 2 * h]);
-            cur.y = fmaf(w_acc, cur.y, w_new * acc_o[4 * i + 2 * h + 1]);
-            *dst = cur;
-          }
-          if (t == 0) lse_base[r * p.lse_row_stride] = l_out;
-        }
-      }
-    }
+    ConsumeRow<Traits>(p, sm, row, count, nk, warpgroup - 1, warp, lane);
   }
 #else
   __trap();

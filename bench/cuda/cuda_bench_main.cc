@@ -1,0 +1,81 @@
+// attnbench_cuda: runs the CUDA kernel benchmark (bench/cuda/cuda_bench.h) and writes its JSON and
+// markdown table.
+//   attnbench_cuda [--cases=all|dense,sparse,...] [--warmup=3] [--iters=10] [--device=0]
+//                  [--json=PATH] [--md=PATH] [--csr_dir=DIR] [--list]
+//                  [--kernel=auto|sm80|sm90] [--sm90-schedule=v1|v2|v3|single_tile|...]
+// --kernel and --sm90-schedule pick the flash kernel; the environment (ATTNSERVE_FLASH_KERNEL,
+// ATTNSERVE_SM90_VARIANT, ATTNSERVE_SM90_V3_MAX_CTAS, ATTNSERVE_SM90_V3_ORDER,
+// ATTNSERVE_ATTENTION_ENGINE) overrides them, read once at start; rows report the kernel that ran
+// (flash_kernel: sm80, sm90, sm90v2, sm90v3).
+// Exit code: 0 when every case's correctness check passed, 1 otherwise, 2 on setup errors.
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "bench/cuda/cuda_bench.h"
+#include "bench/harness/flags.h"
+
+ABSL_FLAG(std::string, cases, "all", "comma list of case or group names, or all");
+ABSL_FLAG(int, warmup, 3, "untimed runs per case");
+ABSL_FLAG(int, iters, 10, "timed runs per case (the median is reported)");
+ABSL_FLAG(int, device, 0, "CUDA ordinal");
+ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
+ABSL_FLAG(std::string, md, "", "write the markdown table to this file");
+ABSL_FLAG(std::string, csr_dir, "", "dump the block-sparse layouts here (.npy) for compare_torch.py");
+ABSL_FLAG(bool, list, false, "print the case names and exit");
+ABSL_FLAG(std::string, kernel, "auto", "flash kernel: auto|sm80|sm90");
+ABSL_FLAG(std::string, sm90_schedule, "",
+          "Hopper kernel schedule: single_tile|warp_specialized|persistent (or v1|v2|v3); "
+          "empty: the default");
+
+namespace attnserve::bench {
+namespace {
+
+int Main() {
+  if (absl::GetFlag(FLAGS_list)) {
+    for (const std::string& n : CudaBenchCaseNames()) std::printf("%s\n", n.c_str());
+    return 0;
+  }
+  CudaBenchOptions opt;
+  opt.cases = absl::GetFlag(FLAGS_cases);
+  opt.warmup = absl::GetFlag(FLAGS_warmup);
+  opt.iters = absl::GetFlag(FLAGS_iters);
+  opt.device = absl::GetFlag(FLAGS_device);
+  opt.csr_dir = absl::GetFlag(FLAGS_csr_dir);
+  absl::StatusOr<CudaOptions> cuda =
+      BenchCudaOptions(absl::GetFlag(FLAGS_kernel), absl::GetFlag(FLAGS_sm90_schedule));
+  if (!cuda.ok()) {
+    std::fprintf(stderr, "attnbench_cuda: %s\n", cuda.status().ToString().c_str());
+    return 2;
+  }
+  opt.cuda = *cuda;
+  absl::StatusOr<CudaBenchReport> report = RunCudaBench(opt);
+  if (!report.ok()) {
+    std::fprintf(stderr, "attnbench_cuda: %s\n", report.status().ToString().c_str());
+    return 2;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    std::ofstream(path) << report->json;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_md); !path.empty()) {
+    std::ofstream(path) << report->markdown;
+  }
+  std::printf("\n%s", report->markdown.c_str());
+  return report->all_correct ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace attnserve::bench
+
+int main(int argc, char** argv) {
+  const absl::Status parsed = attnserve::bench::ParseBenchFlags(
+      argc, argv,
+      "attnbench_cuda [--cases=all|dense,sparse,...] [--kernel=auto|sm80|sm90] [--json=PATH] "
+      "[--md=PATH] ...\nThe CUDA kernel cases, timed and checked; see bench/cuda/cuda_bench.h.");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "attnbench_cuda: %s\n", parsed.ToString().c_str());
+    return 2;
+  }
+  return attnserve::bench::Main();
+}

@@ -1,0 +1,74 @@
+#include "client/attnctl/common.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "server address, HOST:PORT");
+ABSL_FLAG(absl::Duration, timeout, absl::Minutes(5),
+          "whole-call deadline, retries included, e.g. 500ms, 30s, 5m");
+ABSL_FLAG(int64_t, max_attempts, attnserve::client::ClientOptions().max_attempts,
+          "attempts per call when the server is UNAVAILABLE before answering (at most 100)");
+ABSL_FLAG(int64_t, chunk_bytes, attnserve::client::ClientOptions().chunk_bytes,
+          "upload chunk size; the server accepts up to its --max-chunk-bytes, 64 MiB by default");
+ABSL_FLAG(bool, json, false, "print JSON instead of text");
+
+namespace attnserve::attnctl {
+
+const char kExitCodesHelp[] = R"(Exit codes:
+  0        success (health: the server is SERVING)
+  1        local failure (reading or writing files, a malformed server response)
+  2        usage error (unknown subcommand or flag, bad flag value)
+  3        --check failed: an error above the tolerance, or non-finite outputs
+  4        health: the server answered but is not SERVING
+  10 + c   the call failed with gRPC code c, e.g. 13 INVALID_ARGUMENT (3), 14 DEADLINE_EXCEEDED
+           (4), 18 RESOURCE_EXHAUSTED (8), 24 UNAVAILABLE (14); bench: any request failed
+)";
+
+std::string CommandHelp(const Command& command) {
+  return absl::StrCat("Usage:\n  attnctl ", command.synopsis, "\n\n", command.summary,
+                      "\nFlags:\n", FlagsHelp(command.flags), "\n", kExitCodesHelp);
+}
+
+int Report(absl::string_view what, const absl::Status& status, int exit_code) {
+  std::fprintf(stderr, "attnctl: %s: %s\n", std::string(what).c_str(), status.ToString().c_str());
+  return exit_code;
+}
+
+int UsageError(absl::string_view command, const absl::Status& status) {
+  const std::string name(command);
+  std::fprintf(stderr, "attnctl: %s: %s (see attnctl %s --help)\n", name.c_str(),
+               std::string(status.message()).c_str(), name.c_str());
+  return kExitUsage;
+}
+
+int RpcExitCode(const absl::Status& status) {
+  return kExitRpcBase + static_cast<int>(status.code());
+}
+
+std::vector<FlagUse> ConnectionFlags(absl::string_view default_timeout_text) {
+  return {{"server", "HOST:PORT"},
+          {"timeout", "DURATION", default_timeout_text},
+          {"max_attempts", "N"}};
+}
+
+absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags() {
+  client::ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_server);
+  absl::StatusOr<int64_t> chunk = IntAtLeast(FLAGS_chunk_bytes, 1);
+  if (!chunk.ok()) return chunk.status();
+  options.chunk_bytes = *chunk;
+  absl::StatusOr<int64_t> attempts = IntAtLeast(FLAGS_max_attempts, 1);
+  if (!attempts.ok()) return attempts.status();
+  options.max_attempts = static_cast<int>(std::min<int64_t>(*attempts, 100));
+  return client::AttnClient::Create(options);
+}
+
+absl::StatusOr<absl::Duration> TimeoutFromFlags(const FlagSet& flags, absl::Duration fallback) {
+  if (!flags.Has("timeout")) return fallback;
+  return PositiveDuration(FLAGS_timeout);
+}
+
+}  // namespace attnserve::attnctl

@@ -1,0 +1,66 @@
+// Per-subcommand command lines over absl flags. absl flags are process-global, so each
+// subcommand names the flags it accepts (FlagUse); ParseCommandFlags sets those flags from the
+// subcommand's arguments and refuses the others, and FlagsHelp lists them. Values are parsed by
+// absl (absl::CommandLineFlag::ParseFrom); this layer only finds the flag of each argument, so
+// that a usage error is reported (exit code 2, see common.h) instead of ending the process the
+// way absl::ParseCommandLine does.
+#ifndef ATTNSERVE_CLIENT_ATTNCTL_FLAG_PARSER_H_
+#define ATTNSERVE_CLIENT_ATTNCTL_FLAG_PARSER_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace attnserve::attnctl {
+
+// One flag a subcommand accepts.
+struct FlagUse {
+  // The absl name ("chunk_bytes"); the command line spells it --chunk-bytes or --chunk_bytes.
+  absl::string_view name;
+  // What the value looks like in help ("HOST:PORT"); empty for boolean flags.
+  absl::string_view value_name;
+  // Shown as the default instead of the flag's own, for a subcommand whose default differs (its
+  // code applies that default when the flag is absent: FlagSet::Has).
+  absl::string_view default_text = {};
+};
+
+// The flags given on one command line.
+class FlagSet {
+ public:
+  // True when the flag (absl name) was on the command line, even with its default value.
+  bool Has(absl::string_view name) const { return present_.count(std::string(name)) > 0; }
+
+ private:
+  friend absl::StatusOr<FlagSet> ParseCommandFlags(const std::vector<FlagUse>& accepted,
+                                                   const std::vector<std::string>& args);
+  std::set<std::string> present_;
+};
+
+// Parses "--name value", "--name=value" and bare boolean "--name" (or "--name=true|false") for
+// the flags in `accepted`, dashes or underscores in the name. INVALID_ARGUMENT naming the
+// argument for anything else: a positional argument, an unknown flag, a missing or malformed
+// value. Flags not given keep their defaults.
+absl::StatusOr<FlagSet> ParseCommandFlags(const std::vector<FlagUse>& accepted,
+                                          const std::vector<std::string>& args);
+
+// "  --chunk-bytes N   <help> (default 4194304)" for each flag, wrapped for a terminal.
+std::string FlagsHelp(const std::vector<FlagUse>& flags);
+
+// The command-line spelling of an absl flag name: "chunk_bytes" -> "--chunk-bytes".
+std::string DashedFlag(absl::string_view name);
+
+// A flag's value checked against the bound its subcommand needs; INVALID_ARGUMENT
+// "--requests: expected an integer >= 1, got 0" otherwise.
+absl::StatusOr<int64_t> IntAtLeast(const absl::Flag<int64_t>& flag, int64_t min);
+absl::StatusOr<double> NonNegative(const absl::Flag<double>& flag);
+absl::StatusOr<absl::Duration> PositiveDuration(const absl::Flag<absl::Duration>& flag);
+
+}  // namespace attnserve::attnctl
+
+#endif  // ATTNSERVE_CLIENT_ATTNCTL_FLAG_PARSER_H_

@@ -1,0 +1,136 @@
+#include "core/cuda/cuda_options.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+
+namespace attnserve {
+namespace {
+
+// The environment variables CudaOptionsFromEnv reads (and nothing else does).
+constexpr char kEngineEnv[] = "ATTNSERVE_ATTENTION_ENGINE";
+constexpr char kFlashKernelEnv[] = "ATTNSERVE_FLASH_KERNEL";
+constexpr char kSm90VariantEnv[] = "ATTNSERVE_SM90_VARIANT";
+constexpr char kSm90MaxCtasEnv[] = "ATTNSERVE_SM90_V3_MAX_CTAS";
+constexpr char kSm90OrderEnv[] = "ATTNSERVE_SM90_V3_ORDER";
+
+absl::Status Invalid(std::string_view what, std::string_view expected, std::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(what), ": expected ", std::string(expected), ", got '", std::string(got), "'"));
+}
+
+// The variable's value, or empty when unset (empty and unset both mean "keep the base value").
+std::string_view EnvValue(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string_view(value) : std::string_view();
+}
+
+}  // namespace
+
+std::string_view AttentionEngineName(AttentionEngine engine) {
+  switch (engine) {
+    case AttentionEngine::kAuto:
+      return "auto";
+    case AttentionEngine::kOwn:
+      return "own";
+    case AttentionEngine::kCudnn:
+      return "cudnn";
+  }
+  return "auto";
+}
+
+std::string_view FlashKernelArchName(FlashKernelArch arch) {
+  switch (arch) {
+    case FlashKernelArch::kAuto:
+      return "auto";
+    case FlashKernelArch::kSm80:
+      return "sm80";
+    case FlashKernelArch::kSm90:
+      return "sm90";
+  }
+  return "auto";
+}
+
+std::string_view Sm90ScheduleName(Sm90Schedule schedule) {
+  switch (schedule) {
+    case Sm90Schedule::kSingleTile:
+      return "single_tile";
+    case Sm90Schedule::kWarpSpecialized:
+      return "warp_specialized";
+    case Sm90Schedule::kPersistent:
+      return "persistent";
+  }
+  return "persistent";
+}
+
+std::string_view Sm90ItemOrderName(Sm90ItemOrder order) {
+  switch (order) {
+    case Sm90ItemOrder::kAuto:
+      return "auto";
+    case Sm90ItemOrder::kPosition:
+      return "position";
+    case Sm90ItemOrder::kHead:
+      return "head";
+  }
+  return "auto";
+}
+
+// Empty names parse as "auto" where there is one: an empty flag or variable means the default.
+absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return AttentionEngine::kAuto;
+  if (name == "own") return AttentionEngine::kOwn;
+  if (name == "cudnn") return AttentionEngine::kCudnn;
+  return Invalid(what, "auto, own or cudnn", name);
+}
+
+absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return FlashKernelArch::kAuto;
+  if (name == "sm80") return FlashKernelArch::kSm80;
+  if (name == "sm90") return FlashKernelArch::kSm90;
+  return Invalid(what, "auto, sm80 or sm90", name);
+}
+
+absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name, std::string_view what) {
+  // v1 / v2 / v3: the names ATTNSERVE_SM90_VARIANT, bench scripts and result files use.
+  if (name == "single_tile" || name == "v1") return Sm90Schedule::kSingleTile;
+  if (name == "warp_specialized" || name == "v2") return Sm90Schedule::kWarpSpecialized;
+  if (name == "persistent" || name == "v3") return Sm90Schedule::kPersistent;
+  return Invalid(what, "single_tile, warp_specialized or persistent (or v1, v2, v3)", name);
+}
+
+absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return Sm90ItemOrder::kAuto;
+  if (name == "position") return Sm90ItemOrder::kPosition;
+  if (name == "head") return Sm90ItemOrder::kHead;
+  return Invalid(what, "auto, position or head", name);
+}
+
+absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base) {
+  CudaOptions options = base;
+  if (std::string_view v = EnvValue(kEngineEnv); !v.empty()) {
+    ATTN_ASSIGN_OR_RETURN(options.engine, ParseAttentionEngine(v, kEngineEnv));
+  }
+  if (std::string_view v = EnvValue(kFlashKernelEnv); !v.empty()) {
+    ATTN_ASSIGN_OR_RETURN(options.flash.arch, ParseFlashKernelArch(v, kFlashKernelEnv));
+  }
+  if (std::string_view v = EnvValue(kSm90VariantEnv); !v.empty()) {
+    ATTN_ASSIGN_OR_RETURN(options.flash.sm90_schedule, ParseSm90Schedule(v, kSm90VariantEnv));
+  }
+  if (std::string_view v = EnvValue(kSm90MaxCtasEnv); !v.empty()) {
+    // 0 means no cap, as the default.
+    int ctas = 0;
+    if (!absl::SimpleAtoi(std::string(v), &ctas) || ctas < 0) {
+      return Invalid(kSm90MaxCtasEnv, "a CTA count >= 0", v);
+    }
+    options.flash.persistent_max_ctas = ctas;
+  }
+  if (std::string_view v = EnvValue(kSm90OrderEnv); !v.empty()) {
+    ATTN_ASSIGN_OR_RETURN(options.flash.item_order, ParseSm90ItemOrder(v, kSm90OrderEnv));
+  }
+  return options;
+}
+
+}  // namespace attnserve

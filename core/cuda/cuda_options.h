@@ -1,0 +1,83 @@
+// The CUDA backend's choices, as one typed value: which attention engine runs dense/window work,
+// which flash kernel runs the rest, and how the Hopper kernel schedules its tiles. The server
+// parses them once from its flags (server/main.cc) and hands them to MakeCudaDevices; benches and
+// tests build them the same way. Environment variables may still override them for A/B runs:
+// CudaOptionsFromEnv reads them once, at start-up, never per launch.
+#ifndef ATTNSERVE_CORE_CUDA_CUDA_OPTIONS_H_
+#define ATTNSERVE_CORE_CUDA_CUDA_OPTIONS_H_
+
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace attnserve {
+
+// Which attention engine a CUDA device runs dense/window specs on.
+//   kAuto:  cuDNN where it can run the case and our kernels could too; our kernels otherwise.
+//   kOwn:   our flash_fwd kernels only (cuDNN is never loaded).
+//   kCudnn: cuDNN for every dense/window case it is meant for; no fallback.
+// block_sparse and dilated specs always run on our kernels.
+enum class AttentionEngine { kAuto, kOwn, kCudnn };
+
+// Which of our flash forward kernels runs.
+//   kAuto: the Hopper (sm_90a, wgmma) kernel where the build has it and the device is 9.x,
+//          else the sm_80 (mma.sync) kernel.
+//   kSm80: always the sm_80 kernel.   kSm90: the Hopper kernel, UNIMPLEMENTED where it cannot run.
+enum class FlashKernelArch { kAuto, kSm80, kSm90 };
+
+// How the Hopper kernel walks its work (layout block 128; block 64 always runs kSingleTile).
+//   kSingleTile:      one CTA per (query block, head, batch); every thread loads (cp.async).
+//   kWarpSpecialized: one CTA per tile; a producer warpgroup feeds consumer warpgroups through
+//                     a ring of shared-memory stages (mbarriers, setmaxnreg).
+//   kPersistent:      warp-specialized on a persistent grid of min(#SMs, items) CTAs that walk
+//                     the work items; the default (measured fastest or equal on an H200,
+//                     bench/results/h200-2026-11-22c: equal to kWarpSpecialized dense, 2-3% faster
+//                     at 90% of block pairs skipped, 19-20% faster at 99%).
+// RunInfo::kernel and the bench results name the kernels "sm90", "sm90v2" and "sm90v3" in this
+// order (FlashKernelName, core/cuda/flash_fwd_sm90/flash_fwd_sm90.h).
+enum class Sm90Schedule { kSingleTile, kWarpSpecialized, kPersistent };
+
+// Order of the persistent schedule's work items.
+//   kAuto: head-major for CSR layouts (CTAs running together share one head's K/V in L2),
+//          position-major for the implicit dense/causal layouts (heavy rows first).
+enum class Sm90ItemOrder { kAuto, kPosition, kHead };
+
+struct FlashKernelOptions {
+  FlashKernelArch arch = FlashKernelArch::kAuto;
+  Sm90Schedule sm90_schedule = Sm90Schedule::kPersistent;
+  // > 0 caps the persistent grid (tests: many work items per CTA); 0: no cap.
+  int persistent_max_ctas = 0;
+  Sm90ItemOrder item_order = Sm90ItemOrder::kAuto;
+};
+
+struct CudaOptions {
+  AttentionEngine engine = AttentionEngine::kAuto;
+  FlashKernelOptions flash;
+};
+
+// Names as the flags and environment variables spell them.
+std::string_view AttentionEngineName(AttentionEngine engine);  // "auto", "own", "cudnn"
+std::string_view FlashKernelArchName(FlashKernelArch arch);    // "auto", "sm80", "sm90"
+std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "single_tile", ...
+std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
+
+// Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
+absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
+                                                     std::string_view what = "engine");
+absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name,
+                                                     std::string_view what = "flash kernel");
+// Also takes the older names v1, v2, v3 for kSingleTile, kWarpSpecialized, kPersistent.
+absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name,
+                                               std::string_view what = "sm90 schedule");
+absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,
+                                                 std::string_view what = "sm90 item order");
+
+// `base` with the environment's overrides applied, each read once here (unset or empty: keep):
+// ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v2|v3 or a
+// schedule name), ATTNSERVE_SM90_V3_MAX_CTAS (an integer >= 0), ATTNSERVE_SM90_V3_ORDER.
+// INVALID_ARGUMENT, naming the variable, for a value none of the parsers accepts.
+absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base = {});
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_CUDA_OPTIONS_H_

@@ -1,0 +1,98 @@
+// flash_fwd_sm90 epilogue: a consumer warpgroup's O rows and their LSE, stored (input dtype O,
+// natural-log LSE) or LSE-merged into an f32 accumulator (accumulate mode), straight from the
+// registers.
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_EPILOGUE_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_EPILOGUE_CUH_
+
+#include <cstdint>
+
+#include "core/cuda/flash_fwd/flash_fwd_params.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_softmax.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
+
+namespace attnserve {
+namespace flash_sm90 {
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+// Where O and LSE of (y, z) start (tile scheduler's naming: head index y, z = batch * num_segs +
+// seg): O element offset (O is Elem, or f32 when accumulating, with the same element strides)
+// and the LSE base pointer.
+struct OutputBase {
+  int64_t o_offset;
+  float* lse;
+};
+__device__ __forceinline__ OutputBase MakeOutputBase(const FlashFwdParams& p, int y, int z) {
+  const int head = p.head_start + y * p.head_step;
+  const int batch = z / p.num_segs;
+  const int seg = z % p.num_segs;
+  return {batch * p.o_batch_stride + seg * p.o_seg_stride + head * p.o_head_stride,
+          p.lse + batch * p.lse_batch_stride + seg * p.lse_seg_stride + head * p.lse_head_stride};
+}
+
+// Finishes the denominators over each quad and writes the thread's two rows (my_row0 + 8 h) of
+// O (64, kHeadDim) and their LSE. Rows past the query end are skipped; a row with no admissible
+// key (denominator 0, or NaN) gets O = 0 and LSE = -inf, and in accumulate mode leaves the
+// accumulator untouched. Accumulate: LSE_out = log(e^LSE_acc + e^LSE), O_acc = w_acc O_acc +
+// w_new O with the weights exp(LSE_* - LSE_out); O_acc is not read when w_acc is 0 (LSE_acc =
+// -inf: nothing accumulated yet, its contents may be garbage).
+template <typename Elem, int kBlock, int kHeadDim>
+__device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
+                                            const float (&acc_o)[kHeadDim / 2],
+                                            const OnlineSoftmax<kBlock, kHeadDim>& softmax,
+                                            const OutputBase& out, int64_t my_row0, int t) {
+  const int64_t n = p.seqlen;
+  float row_l[2];
+  float lse_prev[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = softmax.row_sum[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    row_l[h] = l;
+    const int64_t r = my_row0 + 8 * h;
+    lse_prev[h] = (p.accumulate && r < n) ? out.lse[r * p.lse_row_stride] : -INFINITY;
+  }
+  __syncwarp();  // the quad's t == 0 lane rewrites the LSE the other three lanes just read
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = row_l[h];
+    const bool empty = !(l > 0.f);
+    const float inv = empty ? 0.f : 1.f / l;
+    const int64_t r = my_row0 + 8 * h;
+    if (r >= n) continue;
+    const float lse_new = empty ? -INFINITY : softmax.row_max[h] * p.scale + logf(l);
+    if (!p.accumulate) {
+      Elem* orow = static_cast<Elem*>(p.o) + out.o_offset + r * p.o_row_stride;
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) =
+            Pack<Elem>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
+      }
+      if (t == 0) out.lse[r * p.lse_row_stride] = lse_new;
+    } else if (!empty) {
+      const float l_acc = lse_prev[h];
+      const float l_max = fmaxf(l_acc, lse_new);
+      const float l_out = l_max + log1pf(__expf(fminf(l_acc, lse_new) - l_max));
+      const float w_acc = l_acc == -INFINITY ? 0.f : __expf(l_acc - l_out);
+      const float w_new = __expf(lse_new - l_out) * inv;
+      float* orow = static_cast<float*>(p.o) + out.o_offset + r * p.o_row_stride;
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        float2* dst = reinterpret_cast<float2*>(orow + i * 8 + 2 * t);
+        float2 cur = w_acc == 0.f ? make_float2(0.f, 0.f) : *dst;
+        cur.x = fmaf(w_acc, cur.x, w_new * acc_o[4 * i + 2 * h]);
+        cur.y = fmaf(w_acc, cur.y, w_new * acc_o[4 * i + 2 * h + 1]);
+        *dst = cur;
+      }
+      if (t == 0) out.lse[r * p.lse_row_stride] = l_out;
+    }
+  }
+}
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_EPILOGUE_CUH_

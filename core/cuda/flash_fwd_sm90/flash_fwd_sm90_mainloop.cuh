@@ -1,0 +1,125 @@
+// flash_fwd_sm90 consumer math of one key tile, shared by the three Hopper kernels: the S = Q K^T
+// wgmma (issue and wait kept apart, so that callers can place the ping-pong barrier between
+// them), P packing to register A fragments, and O += P V.
+//
+// Everything is forceinline and takes the accumulators by reference with compile-time sizes and
+// fully unrolled loops, so S, P and O stay in registers. None of these functions branches on
+// anything that is not warpgroup-uniform: ptxas serializes every wgmma of a kernel when it cannot
+// prove the code around them warp-uniform (core/cuda/NOTES.md, C7515/C7518).
+//
+// Traits: Sm90Traits or Sm90V2Traits (Elem, kBF16, kBlock, kHeadDim, kPanelBytes).
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_
+
+#include <cstdint>
+
+#include "core/cuda/flash_fwd/flash_fwd_params.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_mask.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_softmax.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
+#include "core/cuda/flash_fwd_sm90/wgmma_ops.h"
+
+namespace attnserve {
+namespace flash_sm90 {
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+// Issues S = Q K^T for the warpgroup's 64 rows: (64, kHeadDim) Q at q_wg times the (kBlock,
+// kHeadDim) K tile, both K-major in smem, into s (64, kBlock). kHeadDim / 16 wgmma k-steps of
+// 32 bytes inside a 128-byte panel row, the next panel every 4. Not waited for: WaitScores.
+template <typename Traits>
+__device__ __forceinline__ void IssueScores(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
+                                            uint32_t k_tile) {
+#pragma unroll
+  for (int i = 0; i < Traits::kBlock / 2; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+    const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
+    const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
+    const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
+    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
+  }
+  WgmmaCommit();
+}
+
+// Waits for the S GEMM issued by IssueScores (the only wgmma group in flight).
+template <int kSRegs>
+__device__ __forceinline__ void WaitScores(float (&s)[kSRegs]) {
+  WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
+}
+
+// P (64, kBlock) from the S accumulator layout to wgmma A fragments (m64k16: 16 keys = two
+// 8-key column groups per k-step): the accumulator of keys [16 kk, 16 kk + 16) of a thread's two
+// rows is exactly the A fragment of k-step kk (the m16n8k16 register layout), so packing is
+// in-register conversion, no shuffle.
+template <typename Elem, int kBlock>
+__device__ __forceinline__ void PackP(const float (&s)[kBlock / 2],
+                                      uint32_t (&pa)[kBlock / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlock / 16; ++kk) {
+    pa[kk][0] = Pack<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = Pack<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = Pack<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = Pack<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// O (64, kHeadDim) += P (64, kBlock) V, V = the (kBlock, kHeadDim) tile read MN-major
+// (LBO = panel stride: next 64 head-dim columns; SBO = 1024: next 8 keys; a 16-key k-step is
+// 16 rows of 128 bytes). Waited for before returning: the caller releases the stage next.
+template <typename Traits>
+__device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
+                                       uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
+  constexpr int kKSteps = Traits::kBlock / 16;
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) FenceReg(pa[kk][j]);
+  }
+#pragma unroll
+  for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    const uint64_t db = MakeDesc(v_tile + kk * 16 * 128, Traits::kPanelBytes, 1024);
+    Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db, 1);
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+}
+
+// Where a thread's scores sit: its first row (local query row of accumulator row g; the second
+// is + 8) and its column pair t, plus the global position offset of queries vs keys.
+struct ThreadRows {
+  int64_t my_row0;
+  int64_t delta;  // q_pos_offset - k_pos_offset
+  int t;
+};
+
+// Everything of a key tile after its S GEMM completed: mask, online softmax step, P packing
+// and O += P V (waited for).
+template <typename Traits>
+__device__ __forceinline__ void ConsumeScores(
+    const FlashFwdParams& p, float (&s)[Traits::kBlock / 2], float (&acc_o)[Traits::kHeadDim / 2],
+    OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, const ThreadRows& rows, int mask,
+    int64_t k0, int64_t nk, uint32_t v_tile) {
+  ApplyMask<Traits::kBlock>(s, p, mask, k0, nk, rows.my_row0, rows.delta, rows.t);
+  softmax.Step(s, acc_o, p.scale_log2);
+  uint32_t pa[Traits::kBlock / 16][4];  // (64, kBlock) P as kBlock / 16 m64k16 A fragments
+  PackP<typename Traits::Elem, Traits::kBlock>(s, pa);
+  GemmPV<Traits>(acc_o, pa, v_tile);
+}
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_

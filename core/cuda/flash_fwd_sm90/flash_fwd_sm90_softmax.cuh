@@ -1,0 +1,70 @@
+// flash_fwd_sm90 online softmax (exp2 domain, f32) over a consumer warpgroup's 64 query rows.
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_SOFTMAX_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_SOFTMAX_CUH_
+
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
+
+namespace attnserve {
+namespace flash_sm90 {
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+// Running statistics of the two rows a thread holds in the wgmma accumulator layout (rows g and
+// g + 8 of its warp's 16, index h), kept in registers: a local of the consumer, used through
+// forceinline members only, so it is never addressed in memory.
+//   kBlock: keys per S tile ((64, kBlock) S = kBlock / 2 registers per thread);
+//   kHeadDim: columns of O ((64, kHeadDim) O = kHeadDim / 2 registers per thread).
+template <int kBlock, int kHeadDim>
+struct OnlineSoftmax {
+  float row_max[2];  // running max of the raw (unscaled) scores
+  float row_sum[2];  // this thread's share of the denominator (its quad holds the rest)
+
+  __device__ __forceinline__ void Reset() {
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  }
+
+  // One key tile: raises the running max by the tile's, rescales the denominators and O by
+  // exp2(old - new), and turns the (masked) scores s into unnormalised probabilities in place.
+  // scale_log2 = softmax scale * log2(e), so exp2 of the scaled difference is the natural exp.
+  __device__ __forceinline__ void Step(float (&s)[kBlock / 2], float (&acc_o)[kHeadDim / 2],
+                                       float scale_log2) {
+    float scaled_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int i = 0; i < kBlock / 8; ++i) {
+        mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      }
+      // The quad (lanes 4 g .. 4 g + 3) holds the row's kBlock columns.
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // All keys masked so far: offset 0 so that exp2(-inf) = 0 rather than NaN.
+      scaled_max[h] = mx == -INFINITY ? 0.f : mx * scale_log2;
+      const float alpha = Exp2(row_max[h] * scale_log2 - scaled_max[h]);
+      row_max[h] = mx;
+      row_sum[h] *= alpha;
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        acc_o[4 * i + 2 * h] *= alpha;
+        acc_o[4 * i + 2 * h + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBlock / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[4 * i + j] = Exp2(fmaf(s[4 * i + j], scale_log2, -scaled_max[j >> 1]));
+        row_sum[j >> 1] += s[4 * i + j];
+      }
+    }
+  }
+};
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_SOFTMAX_CUH_

@@ -1,0 +1,98 @@
+// flash_fwd_sm90 work decomposition shared by the Hopper kernels: which query-block row, head and
+// (batch, segment) a CTA or persistent work item runs, the row's kept key blocks (CSR range or
+// the implicit dense / causal row), and the per-(head, batch, segment) base pointers.
+//
+// (y, z) name the (head, batch * segment) pair the way the non-persistent grids do: y = grid.y
+// = head index (head = head_start + y * head_step), z = grid.z = batch * num_segs + seg.
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_
+
+#include <cstdint>
+
+#include "core/cuda/flash_fwd/flash_fwd_params.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
+
+namespace attnserve {
+namespace flash_sm90 {
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+// Persistent work item -> (query-block row, y, z). pos_major: the position is the slowest index
+// (the heavy-first walk orders the whole item list); else (y, z) is, position fastest.
+__device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz,
+                                           bool pos_major, int& row, int& y, int& z) {
+  int pos, rem;
+  if (pos_major) {
+    pos = item / hz;
+    rem = item - pos * hz;
+  } else {
+    const int nq = static_cast<int>(p.num_q_blocks);
+    rem = item / nq;
+    pos = item - rem * nq;
+  }
+  y = rem % p.num_heads;
+  z = rem / p.num_heads;
+  if (p.row_order != nullptr) {
+    row = p.row_order[pos];
+  } else if (p.col_idx == nullptr && p.dense_causal) {
+    row = static_cast<int>(p.num_q_blocks) - 1 - pos;
+  } else {
+    row = pos;
+  }
+}
+
+// The kept-tile range [begin, begin + count) of query-block row `row`: its CSR entries, or for
+// the implicit layout the key blocks [0, num_k_blocks) (causal: [0, row]).
+__device__ __forceinline__ void ItemRange(const FlashFwdParams& p, int row, int64_t& begin,
+                                          int& count) {
+  if (p.col_idx != nullptr) {
+    begin = p.row_ptr[row];
+    count = static_cast<int>(p.row_ptr[row + 1] - begin);
+  } else {
+    begin = 0;
+    count = static_cast<int>(p.dense_causal ? min(static_cast<int64_t>(row) + 1, p.num_k_blocks)
+                                            : p.num_k_blocks);
+  }
+}
+
+// Key block and mask kind (0 full, 1 causal diagonal, 2 partial) of tile e of row `row`.
+// The implicit causal layout masks only its diagonal block.
+__device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, int64_t begin, int e,
+                                            int& mask) {
+  if (p.col_idx != nullptr) {
+    const int blk = p.col_idx[begin + e];
+    mask = p.block_mask[begin + e];
+    return blk;
+  }
+  mask = (p.dense_causal && e == row) ? 1 : 0;
+  return e;
+}
+
+// Q of (y, z).
+template <typename Elem>
+__device__ __forceinline__ const Elem* QBase(const FlashFwdParams& p, int y, int z) {
+  const int head = p.head_start + y * p.head_step;
+  return static_cast<const Elem*>(p.q) + (z / p.num_segs) * p.q_batch_stride +
+         (z % p.num_segs) * p.q_seg_stride + head * p.q_head_stride;
+}
+
+// K and V of (y, z): the KV head of query head `head` under grouped-query attention.
+template <typename Elem>
+__device__ __forceinline__ void KvBase(const FlashFwdParams& p, int y, int z, const Elem*& k,
+                                       const Elem*& v) {
+  const int head = p.head_start + y * p.head_step;
+  const int kv_head = head / p.kv_group;
+  const int batch = z / p.num_segs;
+  const int seg = z % p.num_segs;
+  k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + seg * p.k_seg_stride +
+      kv_head * p.k_head_stride;
+  v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + seg * p.v_seg_stride +
+      kv_head * p.v_head_stride;
+}
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_

@@ -1,0 +1,164 @@
+// flash_fwd_sm90 PTX wrappers shared by the three Hopper kernels: cp.async, proxy fences,
+// wgmma fence/commit/wait, named barriers, mbarriers, setmaxnreg, the wgmma shared-memory
+// descriptor and the 128-byte-swizzled tile addressing (layout described in
+// flash_fwd_sm90_kernel.cuh).
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_UTILS_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_UTILS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+// Device code exists only in the sm_90a pass; other passes (sm_80) compile a trapping stub that
+// the runtime dispatch never launches (it requires compute capability 9.x).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTNSERVE_FLASH_SM90_DEVICE 1
+#else
+#define ATTNSERVE_FLASH_SM90_DEVICE 0
+#endif
+
+namespace attnserve {
+namespace flash_sm90 {
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async
+// proxy: this fence (after the data landed, before the barrier) makes the writes visible to it.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins a register value at this point of the program (no code): keeps the compiler from moving
+// accumulator / fragment reads and writes across the wgmma fence / wait.
+__device__ __forceinline__ void FenceReg(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void FenceReg(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// Named barriers between the two consumer warpgroups (0 is __syncthreads): one side syncs, the
+// other only arrives, so the syncing side waits for the arriving one and never the other way.
+__device__ __forceinline__ void NamedBarSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// 2^x on the SFU, flushing denormals: ex2(-inf) = +0, which the masked scores rely on.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename Elem>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (all >> 4), layout type 1 (SWIZZLE_128B) in bits [62, 64). Base offset 0: every
+// tile starts 1024-byte aligned.
+__device__ __forceinline__ uint64_t MakeDesc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
+  d |= uint64_t{1} << 62;
+  return d;
+}
+
+// Byte offset of (row, 16-byte chunk) in a swizzled (kRows, kHeadDim) tile of column panels.
+template <int kRows>
+__device__ __forceinline__ uint32_t TileOffset(int row, int chunk) {
+  const int panel = chunk >> 3;
+  const int c = chunk & 7;
+  return static_cast<uint32_t>(panel * kRows * 128 + row * 128 + ((c ^ (row & 7)) << 4));
+}
+
+// ---- mbarriers and register reallocation (the warp-specialized kernels) ----
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Release (CTA scope) arrive: orders this thread's earlier generic-proxy accesses before it.
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\n"
+      "mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+      : "memory");
+}
+// The same arrive by lane 0 of the warp only, predicated inside the asm (no divergent branch in
+// the consumer loop for ptxas to see around the wgmma pipeline). Callers are converged.
+__device__ __forceinline__ void MbarArriveLane0(uint32_t bar, int lane) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 st;\n"
+      "setp.eq.s32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar),
+      "r"(lane)
+      : "memory");
+}
+// Acquire (CTA scope) wait for the phase with the given parity to complete. The retry loop is
+// inside the asm (labels local to its braces): to the compiler the wait is one straight-line
+// instruction, so no divergence is seen around the wgmma code that follows.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "MBAR_WAIT_RETRY:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra MBAR_WAIT_RETRY;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxNregInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxNregDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte aligned global address; no data
+// reaches the issuing thread and nothing waits for it.
+__device__ __forceinline__ void PrefetchL2Bulk(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_UTILS_CUH_

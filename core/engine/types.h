@@ -1,0 +1,97 @@
+// The engine's shared types: what every backend returns (AttentionOutputs), what a run reports
+// (RunInfo) and may be stopped by (RunControl), a device's memory (DeviceStats), and how a request
+// is spread over devices (Placement). Header-only and backend-free: the CPU and CUDA backends, the
+// multi-device strategies (core/parallel) and the server all speak these types; none of them
+// includes another's headers to get them.
+#ifndef ATTNSERVE_CORE_ENGINE_TYPES_H_
+#define ATTNSERVE_CORE_ENGINE_TYPES_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "core/spec/attention_spec.h"
+#include "core/tensor/tensor.h"
+
+namespace attnserve {
+
+// O and LSE of one attention run.
+struct AttentionOutputs {
+  HostTensor o;    // [B, N, Hq, D] in the input dtype
+  HostTensor lse;  // [B, Hq, N] f32; -inf where a row has no admissible key (O = 0 there)
+};
+
+enum class BackendKind { kCpu, kCuda };
+constexpr std::string_view BackendName(BackendKind kind) {
+  return kind == BackendKind::kCuda ? "cuda" : "cpu";
+}
+
+// Memory and identity of a device, as the metrics and Describe report them.
+struct DeviceStats {
+  int64_t memory_used_bytes = 0;      // bytes in use by attnserve's buffers (CUDA: allocator count)
+  int64_t memory_reserved_bytes = 0;  // held by the caching allocator (CPU: same as used)
+  int64_t memory_peak_bytes = 0;      // peak of used since start
+  int64_t memory_total_bytes = 0;     // device capacity (CPU: MemTotal share)
+  int64_t memory_free_bytes = 0;      // cudaMemGetInfo free (CPU: MemAvailable)
+};
+
+// What a run may be interrupted by.
+struct RunControl {
+  const std::atomic<bool>* cancel = nullptr;  // set when the caller cancels or the deadline passes
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// Figures of one run, for the response header and the metrics.
+struct RunInfo {
+  double compute_seconds = 0;  // wall time on the device including copies
+  double flops = 0;            // 4 * B * Hq * D * admitted pairs
+  double sparsity = 0;         // skipped (query block, key block) pairs
+  std::string engine;          // the kernels that ran: "cudnn" or "flash_fwd" on a CUDA device;
+                               // empty where the backend does not record it
+  std::string kernel;          // the flash kernel that ran last ("sm80", "sm90", ...), if any
+};
+
+// How one request is spread over devices.
+enum class Placement { kSingle, kDataParallel, kRing };
+// What the caller asked for (the header's placement hint).
+enum class PlacementHint { kAuto, kSingle, kDataParallel, kRing };
+constexpr std::string_view PlacementName(Placement p) {
+  switch (p) {
+    case Placement::kDataParallel:
+      return "data_parallel";
+    case Placement::kRing:
+      return "ring";
+    case Placement::kSingle:
+      break;
+  }
+  return "single";
+}
+
+// One complete attention request in the engine's terms: what to compute, on which inputs, and
+// what may stop it. Built at the RPC edge (wire/ converts the header), validated there once, and
+// read by the scheduler and the strategies of core/parallel; the inputs are released as soon as
+// the run no longer needs them.
+struct AttentionRequest {
+  AttentionSpec spec;
+  AttentionShape shape;
+  DType dtype = DType::kF32;
+  PlacementHint placement_hint = PlacementHint::kAuto;
+  HostTensor q, k, v;  // [B, N, Hq, D], [B, N, Hkv, D] x 2, in `dtype`
+  absl::Time deadline = absl::InfiniteFuture();
+  // Set by the RPC side (client cancel, deadline); polled by the run.
+  std::atomic<bool> cancel{false};
+
+  RunControl control() const { return RunControl{&cancel, deadline}; }
+  // Drops the inputs (the worker calls it as soon as the run has ended).
+  void ReleaseInputs() {
+    q = HostTensor();
+    k = HostTensor();
+    v = HostTensor();
+  }
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_ENGINE_TYPES_H_

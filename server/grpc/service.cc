@@ -1,0 +1,70 @@
+// Registration-level parts of the service: creation, drain and the call count. The Attend stream
+// is attend_reactor.cc, Describe is describe.cc.
+#include "server/grpc/service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace attnserve {
+
+absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> AttentionServiceImpl::Create(
+    const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler, Metrics* metrics) {
+  if (pool == nullptr || scheduler == nullptr || metrics == nullptr) {
+    return absl::InvalidArgumentError("service: pool, scheduler and metrics are required");
+  }
+  const AssemblerOptions& l = options.limits;
+  if (l.max_request_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-request-bytes: must be > 0, got ", l.max_request_bytes));
+  }
+  if (l.max_chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-chunk-bytes: must be > 0, got ", l.max_chunk_bytes));
+  }
+  if (l.default_response_chunk_bytes <= 0 || l.default_response_chunk_bytes > l.max_chunk_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chunk-bytes: must be in [1, --max-chunk-bytes=", l.max_chunk_bytes,
+                     "], got ", l.default_response_chunk_bytes));
+  }
+  return std::unique_ptr<AttentionServiceImpl>(
+      new AttentionServiceImpl(options, pool, scheduler, metrics));
+}
+
+AttentionServiceImpl::AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool,
+                                           Scheduler* scheduler, Metrics* metrics)
+    : options_(options), pool_(pool), scheduler_(scheduler), metrics_(metrics) {}
+
+void AttentionServiceImpl::CallStarted() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  ++active_calls_;
+}
+
+void AttentionServiceImpl::CallEnded() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  --active_calls_;
+  if (active_calls_ == 0) calls_cv_.notify_all();
+}
+
+bool AttentionServiceImpl::WaitForIdle(absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  while (active_calls_ > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    calls_cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, absl::Milliseconds(100))));
+  }
+  return true;
+}
+
+int64_t AttentionServiceImpl::active_calls() const {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  return active_calls_;
+}
+
+std::string AttentionServiceImpl::NextRequestId() {
+  return absl::StrFormat("req-%06d", next_id_.fetch_add(1));
+}
+
+}  // namespace attnserve

@@ -1,0 +1,82 @@
+// The gRPC service. Attend is a bidi reactor per call: its reactions (gRPC threads) only parse,
+// validate, copy chunks into the request's host tensors and enqueue the complete request on the
+// Scheduler; a device worker runs it and hands the outputs back, and the reactor streams them.
+#ifndef ATTNSERVE_SERVER_GRPC_SERVICE_H_
+#define ATTNSERVE_SERVER_GRPC_SERVICE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attnserve/v1/attnserve.grpc.pb.h"
+#include "core/tensor/tensor.h"
+#include "server/device_pool.h"
+#include "server/metrics.h"
+#include "server/request_assembler.h"
+#include "server/scheduler.h"
+
+namespace attnserve {
+
+struct ServiceOptions {
+  // Request limits (max_request_bytes, max_chunk_bytes) and the default response chunk size.
+  AssemblerOptions limits;  // `tracker` is ignored: the service charges its own
+  int max_queue = 64;       // reported by Describe (the scheduler enforces it)
+};
+
+class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+ public:
+  // `pool`, `scheduler` and `metrics` must outlive the service and the grpc::Server using it.
+  static absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> Create(const ServiceOptions& options,
+                                                                      DevicePool* pool,
+                                                                      Scheduler* scheduler,
+                                                                      Metrics* metrics);
+
+  grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendResponse>* Attend(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
+                                     const v1::DescribeRequest* request,
+                                     v1::DescribeResponse* response) override;
+
+  // From now on new Attend calls fail with UNAVAILABLE "server is draining"; calls in progress
+  // continue.
+  void StartDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  // Blocks until no Attend call is in progress or `deadline` passes; true when none is.
+  bool WaitForIdle(absl::Time deadline);
+  int64_t active_calls() const;
+  // Bytes of Q/K/V buffers held by calls in progress (uploading, queued or running).
+  int64_t request_buffer_bytes() const { return request_memory_.in_use_bytes(); }
+
+  // What Describe returns.
+  v1::DescribeResponse BuildDescribe() const;
+
+ private:
+  class AttendReactor;
+
+  AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler,
+                       Metrics* metrics);
+  void CallStarted();
+  void CallEnded();
+  std::string NextRequestId();
+
+  ServiceOptions options_;
+  DevicePool* const pool_;
+  Scheduler* const scheduler_;
+  Metrics* const metrics_;
+  MemoryTracker request_memory_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+
+  mutable std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  int64_t active_calls_ = 0;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_GRPC_SERVICE_H_

@@ -1,0 +1,425 @@
+// The service end to end on loopback, in process: a real grpc::Server with the CPU device, driven
+// by the generated stub. Outputs are compared with the float64 reference.
+#include "server/grpc/service.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/cpu/cpu_device.h"
+#include "core/reference/reference.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "gtest/gtest.h"
+#include "wire/convert.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(ServiceOptions{}); }
+  void TearDown() override { Stop(); }
+
+  void Start(ServiceOptions options, SchedulerOptions sched = {}) {
+    std::vector<std::unique_ptr<Device>> devices;
+    devices.push_back(MakeCpuDevice(0, 2));
+    pool_ = *DevicePool::FromDevices(std::move(devices));
+    metrics_ = *Metrics::Create(MetricsOptions{.listen = ""}, pool_->devices());
+    scheduler_ = *Scheduler::Create(sched, pool_.get(), metrics_.get());
+    service_ =
+        *AttentionServiceImpl::Create(options, pool_.get(), scheduler_.get(), metrics_.get());
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(80 << 20);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    server_->GetHealthCheckService()->SetServingStatus(true);
+    // Response chunks carry up to 4 MiB of payload plus framing: above gRPC's default limit.
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    channel_ = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                         grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::AttentionService::NewStub(channel_);
+  }
+
+  void Stop() {
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now());
+    scheduler_->Shutdown();
+    server_.reset();
+    service_.reset();
+    scheduler_.reset();
+    metrics_.reset();
+    pool_.reset();
+  }
+
+  // Waits until every call has ended and checks that memory and gauges are back to baseline.
+  void ExpectBaseline() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (service_->active_calls() > 0 && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_EQ(service_->active_calls(), 0);
+    EXPECT_EQ(service_->request_buffer_bytes(), 0);
+    EXPECT_EQ(pool_->device(0).Stats().memory_used_bytes, 0);
+    const std::string text = metrics_->RenderText();
+    EXPECT_THAT(text, HasSubstr("attnserve_inflight_requests 0\n"));
+    EXPECT_THAT(text, HasSubstr("attnserve_queue_length 0\n"));
+    EXPECT_THAT(
+        text, HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0\n"));
+  }
+
+  std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<AttentionServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
+struct Inputs {
+  HostTensor q, k, v;
+};
+
+Inputs MakeInputs(const v1::AttendHeader& h, uint64_t seed) {
+  const DType dtype = *DTypeFromProto(h.dtype());
+  Inputs in;
+  in.q = *HostTensor::Create(dtype, {h.batch(), h.tokens(), h.q_heads(), h.head_dim()});
+  in.k = *HostTensor::Create(dtype, {h.batch(), h.tokens(), h.kv_heads(), h.head_dim()});
+  in.v = *HostTensor::Create(dtype, {h.batch(), h.tokens(), h.kv_heads(), h.head_dim()});
+  FillUniform(in.q, seed);
+  FillUniform(in.k, seed + 1);
+  FillUniform(in.v, seed + 2);
+  return in;
+}
+
+struct CallResult {
+  grpc::Status status;
+  v1::AttendResponseHeader header;
+  std::string o, lse;
+  int responses = 0;
+};
+
+// Sends the header, then every tensor in chunks of `chunk` bytes in a shuffled order.
+CallResult Attend(v1::AttentionService::Stub* stub, const v1::AttendHeader& header,
+                  const Inputs& in, int64_t chunk, std::optional<absl::Duration> timeout = {}) {
+  grpc::ClientContext ctx;
+  if (timeout) ctx.set_deadline(absl::ToChronoTime(absl::Now() + *timeout));
+  auto stream = stub->Attend(&ctx);
+  v1::AttendRequest req;
+  *req.mutable_header() = header;
+  bool ok = stream->Write(req);
+  struct Piece {
+    v1::TensorKind kind;
+    const HostTensor* t;
+    int64_t offset;
+  };
+  std::vector<Piece> pieces;
+  for (auto [kind, t] : {std::pair{v1::TENSOR_Q, &in.q}, std::pair{v1::TENSOR_K, &in.k},
+                         std::pair{v1::TENSOR_V, &in.v}}) {
+    for (int64_t off = 0; off < static_cast<int64_t>(t->nbytes()); off += chunk) {
+      pieces.push_back({kind, t, off});
+    }
+  }
+  std::shuffle(pieces.begin(), pieces.end(), std::mt19937(7));
+  for (const Piece& p : pieces) {
+    if (!ok) break;
+    req.Clear();
+    v1::TensorChunk* c = req.mutable_chunk();
+    c->set_tensor(p.kind);
+    c->set_offset(p.offset);
+    const int64_t n = std::min<int64_t>(chunk, p.t->nbytes() - p.offset);
+    c->set_data(reinterpret_cast<const char*>(p.t->data()) + p.offset, n);
+    ok = stream->Write(req);
+  }
+  if (ok) stream->WritesDone();
+  CallResult r;
+  v1::AttendResponse resp;
+  while (stream->Read(&resp)) {
+    ++r.responses;
+    if (resp.has_header()) {
+      r.header = resp.header();
+      r.o.resize(resp.header().o_bytes());
+      r.lse.resize(resp.header().lse_bytes());
+    } else {
+      std::string& dst = resp.chunk().tensor() == v1::TENSOR_O ? r.o : r.lse;
+      EXPECT_LE(resp.chunk().offset() + resp.chunk().data().size(), dst.size());
+      std::memcpy(dst.data() + resp.chunk().offset(), resp.chunk().data().data(),
+                  resp.chunk().data().size());
+    }
+  }
+  r.status = stream->Finish();
+  return r;
+}
+
+v1::AttendHeader Header(v1::DType dtype, int64_t b, int64_t n, int64_t hq, int64_t hkv, int64_t d,
+                        const std::string& spec_json) {
+  v1::AttendHeader h;
+  h.set_request_id("test");
+  h.set_dtype(dtype);
+  h.set_batch(b);
+  h.set_tokens(n);
+  h.set_q_heads(hq);
+  h.set_kv_heads(hkv);
+  h.set_head_dim(d);
+  *h.mutable_spec() = *ParseSpecJsonProto(spec_json);
+  return h;
+}
+
+void ExpectMatchesReference(const v1::AttendHeader& h, const Inputs& in, const CallResult& r,
+                            double tol) {
+  const DType dtype = *DTypeFromProto(h.dtype());
+  HostTensor o = *HostTensor::Create(dtype, {h.batch(), h.tokens(), h.q_heads(), h.head_dim()});
+  ASSERT_EQ(r.o.size(), o.nbytes());
+  std::memcpy(o.data(), r.o.data(), r.o.size());
+  HostTensor lse = *HostTensor::Create(DType::kF32, {h.batch(), h.q_heads(), h.tokens()});
+  ASSERT_EQ(r.lse.size(), lse.nbytes());
+  std::memcpy(lse.data(), r.lse.data(), r.lse.size());
+  absl::StatusOr<ReferenceResult> ref =
+      ReferenceAttention(*SpecFromProto(h.spec()), in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const ErrorStats e = CompareToReference(*ref, o, &lse);
+  EXPECT_EQ(e.nonfinite, 0);
+  EXPECT_LT(e.o_max_abs, tol);
+  EXPECT_LT(e.lse_max_abs, 1e-3);
+}
+
+TEST_F(ServiceTest, AttendMatchesReference) {
+  struct Case {
+    v1::DType dtype;
+    std::string spec;
+    double tol;
+  };
+  for (const Case& c : std::vector<Case>{
+           {v1::DTYPE_F32, R"({"dense": {}, "causal": true})", 1e-4},
+           {v1::DTYPE_BF16, R"({"window": {"size": 40}})", 2e-2},
+           {v1::DTYPE_F16, R"({"dilated": {"segmentLengths": [64, 128], "dilationRates": [1, 2]}})",
+            3e-3},
+           {v1::DTYPE_F32,
+            R"({"blockSparse": {"blockSize": 64, "globalLocal": {"globalBlocks": 1, "width": 1}},
+                "causal": true})",
+            1e-4},
+       }) {
+    SCOPED_TRACE(c.spec);
+    v1::AttendHeader h = Header(c.dtype, 2, 300, 4, 2, 32, c.spec);
+    h.set_return_lse(true);
+    h.set_response_chunk_bytes(5000);
+    const Inputs in = MakeInputs(h, 42);
+    const CallResult r = Attend(stub_.get(), h, in, /*chunk=*/3000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.header.request_id(), "test");
+    EXPECT_EQ(r.header.backend(), "cpu");
+    EXPECT_EQ(r.header.placement(), v1::PLACEMENT_SINGLE);
+    EXPECT_THAT(r.header.devices(), ::testing::ElementsAre("cpu:0"));
+    EXPECT_THAT(r.header.o_shape(), ::testing::ElementsAre(2, 300, 4, 32));
+    EXPECT_THAT(r.header.lse_shape(), ::testing::ElementsAre(2, 4, 300));
+    EXPECT_GT(r.header.flops(), 0);
+    EXPECT_GE(r.header.sparsity(), 0);
+    EXPECT_GT(r.responses, 3);  // header + several chunks of 5000 bytes
+    ExpectMatchesReference(h, in, r, c.tol);
+  }
+  ExpectBaseline();
+  const std::string text = metrics_->RenderText();
+  EXPECT_THAT(text, HasSubstr("attnserve_requests_total{code=\"OK\"} 4"));
+}
+
+TEST_F(ServiceTest, WithoutLseOnlyOIsSent) {
+  v1::AttendHeader h = Header(v1::DTYPE_F32, 1, 64, 2, 2, 16, R"({"dense": {}})");
+  const Inputs in = MakeInputs(h, 1);
+  const CallResult r = Attend(stub_.get(), h, in, 1 << 20);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.header.lse_bytes(), 0);
+  EXPECT_TRUE(r.header.lse_shape().empty());
+  EXPECT_EQ(r.o.size(), 64u * 2 * 16 * 4);
+  EXPECT_EQ(r.responses, 2);  // header + one O chunk
+}
+
+TEST_F(ServiceTest, ProtocolErrorsNameTheRule) {
+  v1::AttendHeader h = Header(v1::DTYPE_F32, 1, 64, 2, 2, 16, R"({"dense": {}})");
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub_->Attend(&ctx);
+    v1::AttendRequest req;
+    req.mutable_chunk()->set_tensor(v1::TENSOR_Q);
+    req.mutable_chunk()->set_data("abcd");
+    stream->Write(req);
+    stream->WritesDone();
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "header: must be the first message");
+  }
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub_->Attend(&ctx);
+    v1::AttendRequest req;
+    *req.mutable_header() = h;
+    stream->Write(req);
+    stream->Write(req);
+    stream->WritesDone();
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "header: sent twice");
+  }
+  {
+    // Half-close with V missing.
+    grpc::ClientContext ctx;
+    auto stream = stub_->Attend(&ctx);
+    v1::AttendRequest req;
+    *req.mutable_header() = h;
+    stream->Write(req);
+    for (auto kind : {v1::TENSOR_Q, v1::TENSOR_K}) {
+      req.Clear();
+      req.mutable_chunk()->set_tensor(kind);
+      req.mutable_chunk()->set_data(std::string(64 * 2 * 16 * 4, '\0'));
+      stream->Write(req);
+    }
+    stream->WritesDone();
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "v: received 0 of 8192 bytes");
+  }
+  {
+    v1::AttendHeader huge = h;
+    huge.set_tokens(1000000000000);
+    grpc::ClientContext ctx;
+    auto stream = stub_->Attend(&ctx);
+    v1::AttendRequest req;
+    *req.mutable_header() = huge;
+    stream->Write(req);
+    stream->WritesDone();
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(s.error_message(), HasSubstr("header.tokens"));
+  }
+  ExpectBaseline();
+  EXPECT_THAT(metrics_->RenderText(),
+              HasSubstr("attnserve_requests_total{code=\"INVALID_ARGUMENT\"} 3"));
+}
+
+TEST_F(ServiceTest, DeadlineExceededFreesEverything) {
+  // About 550 GFLOP of dense attention: seconds on any CPU, far beyond the deadline.
+  v1::AttendHeader h = Header(v1::DTYPE_F32, 1, 8192, 16, 16, 64, R"({"dense": {}})");
+  const Inputs in = MakeInputs(h, 3);
+  const CallResult r = Attend(stub_.get(), h, in, 1 << 20, absl::Milliseconds(400));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ExpectBaseline();
+  EXPECT_THAT(metrics_->RenderText(),
+              HasSubstr("attnserve_requests_total{code=\"DEADLINE_EXCEEDED\"} 1"));
+}
+
+TEST_F(ServiceTest, ClientCancelWhileRunningFreesEverything) {
+  v1::AttendHeader h = Header(v1::DTYPE_F32, 1, 8192, 16, 16, 64, R"({"dense": {}})");
+  const Inputs in = MakeInputs(h, 4);
+  grpc::ClientContext ctx;
+  auto stream = stub_->Attend(&ctx);
+  v1::AttendRequest req;
+  *req.mutable_header() = h;
+  stream->Write(req);
+  for (auto [kind, t] : {std::pair{v1::TENSOR_Q, &in.q}, std::pair{v1::TENSOR_K, &in.k},
+                         std::pair{v1::TENSOR_V, &in.v}}) {
+    req.Clear();
+    req.mutable_chunk()->set_tensor(kind);
+    req.mutable_chunk()->set_data(reinterpret_cast<const char*>(t->data()), t->nbytes());
+    stream->Write(req);
+  }
+  stream->WritesDone();
+  // Wait until the run holds device memory, then cancel.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool_->device(0).Stats().memory_used_bytes == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_GT(pool_->device(0).Stats().memory_used_bytes, 0);
+  ctx.TryCancel();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ExpectBaseline();
+}
+
+TEST_F(ServiceTest, DescribeAndHealth) {
+  grpc::ClientContext ctx;
+  v1::DescribeResponse d;
+  ASSERT_TRUE(stub_->Describe(&ctx, v1::DescribeRequest(), &d).ok());
+  EXPECT_EQ(d.backend(), "cpu");
+  ASSERT_EQ(d.devices_size(), 1);
+  EXPECT_EQ(d.devices(0).name(), "cpu:0");
+  EXPECT_GT(d.devices(0).memory_total_bytes(), 0);
+  EXPECT_EQ(d.limits().max_request_bytes(), int64_t{8} << 30);
+  EXPECT_EQ(d.limits().chunk_bytes(), (4 << 20) - (64 << 10));
+  EXPECT_THAT(d.patterns(), ::testing::ElementsAre("dense", "window", "dilated", "block_sparse"));
+  EXPECT_THAT(d.dtypes(), ::testing::ElementsAre("f32", "f16", "bf16"));
+  EXPECT_THAT(d.limits().block_sizes(), ::testing::ElementsAre(64, 128));
+
+  // grpc.health.v1.Health/Check with service "" over the wire: an empty request; the answer's
+  // field 1 is the status (1 SERVING, 2 NOT_SERVING).
+  auto check = [&]() -> int {
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext hctx;
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1), response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&hctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status s) { done.set_value(s); });
+    EXPECT_TRUE(done.get_future().get().ok());
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+  };
+  EXPECT_EQ(check(), 1);
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  EXPECT_EQ(check(), 2);
+}
+
+TEST_F(ServiceTest, DrainingRefusesNewCalls) {
+  service_->StartDrain();
+  v1::AttendHeader h = Header(v1::DTYPE_F32, 1, 64, 2, 2, 16, R"({"dense": {}})");
+  const Inputs in = MakeInputs(h, 1);
+  const CallResult r = Attend(stub_.get(), h, in, 1 << 20);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(r.status.error_message(), "server is draining");
+  ExpectBaseline();
+}
+
+TEST_F(ServiceTest, ConcurrentCallsAllComplete) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      v1::AttendHeader h =
+          Header(v1::DTYPE_BF16, 1, 128 + 16 * i, 4, 1, 32, R"({"dense": {}, "causal": true})");
+      h.set_return_lse(true);
+      const Inputs in = MakeInputs(h, 100 + i);
+      const CallResult r = Attend(stub_.get(), h, in, 1000);
+      if (r.status.ok()) {
+        ++ok;
+        ExpectMatchesReference(h, in, r, 2e-2);
+      } else {
+        ADD_FAILURE() << r.status.error_message();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 6);
+  ExpectBaseline();
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,1 @@
+"""The checks of tests/deploy/check_deploy.py, one module per area."""

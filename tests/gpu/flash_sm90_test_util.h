@@ -1,0 +1,98 @@
+// What the two halves of flash_sm90_test (spec level: flash_sm90_test.cc; params level:
+// flash_sm90_piece_test.cc) share: the skip condition, the schedules every sm90 case runs with,
+// the kernel each is expected to launch, the options that force it, and the tolerances.
+#ifndef ATTNSERVE_TESTS_GPU_FLASH_SM90_TEST_UTIL_H_
+#define ATTNSERVE_TESTS_GPU_FLASH_SM90_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "core/cuda/cuda_options.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
+#include "gtest/gtest.h"
+#include "tests/testing/gpu_test_util.h"
+
+namespace attnserve::sm90_test {
+
+// Tolerances of the existing GPU tests: max |o - ref| / max |ref|, and max |lse - ref|.
+inline double OTol(DType dtype) { return dtype == DType::kF16 ? 5e-3 : 1e-2; }
+inline constexpr double kLseTol = 2e-3;
+
+// The persistent schedule's grid cap in the spec and piece cases: few CTAs, many items each (an
+// odd count, so that items land on CTAs in shifting phases of the K/V ring). 0: the full grid.
+inline constexpr int kPersistentTestCtas = 3;
+
+// The schedules every sm90 case runs with: all three, or the comma-separated subset of
+// ATTNSERVE_SM90_TEST_VARIANTS (v1, v2, v3 or schedule names; bench/sm90_check.sh runs one
+// process per schedule, so that a hang in one cannot cost the others' results). This is the
+// test runner's own knob, not an attnserve option.
+inline std::vector<Sm90Schedule> TestSchedules() {
+  const char* env = std::getenv("ATTNSERVE_SM90_TEST_VARIANTS");
+  if (env == nullptr || *env == '\0') {
+    return {Sm90Schedule::kSingleTile, Sm90Schedule::kWarpSpecialized, Sm90Schedule::kPersistent};
+  }
+  std::vector<Sm90Schedule> out;
+  for (const Sm90Schedule s :
+       {Sm90Schedule::kSingleTile, Sm90Schedule::kWarpSpecialized, Sm90Schedule::kPersistent}) {
+    for (absl::string_view name : absl::StrSplit(env, ',')) {
+      const auto parsed = ParseSm90Schedule(std::string(name));
+      if (parsed.ok() && *parsed == s) {
+        out.push_back(s);
+        break;
+      }
+    }
+  }
+  return out;
+}
+inline bool TestsSchedule(Sm90Schedule schedule) {
+  for (const Sm90Schedule s : TestSchedules()) {
+    if (s == schedule) return true;
+  }
+  return false;
+}
+
+// The kernel a forced-sm90 launch of `schedule` runs at layout block `block` (the warp-specialized
+// schedules exist for block 128 only).
+inline FlashKernel ExpectedSm90Kernel(Sm90Schedule schedule, int block) {
+  if (block != 128) return FlashKernel::kSm90SingleTile;
+  switch (schedule) {
+    case Sm90Schedule::kWarpSpecialized:
+      return FlashKernel::kSm90WarpSpecialized;
+    case Sm90Schedule::kPersistent:
+      return FlashKernel::kSm90Persistent;
+    case Sm90Schedule::kSingleTile:
+      break;
+  }
+  return FlashKernel::kSm90SingleTile;
+}
+
+// Options forcing the sm90 kernel with `schedule` (the persistent grid capped at `max_ctas`,
+// items in `order`).
+inline FlashKernelOptions ForcedSm90(Sm90Schedule schedule, int max_ctas = kPersistentTestCtas,
+                                     Sm90ItemOrder order = Sm90ItemOrder::kAuto) {
+  FlashKernelOptions o;
+  o.arch = FlashKernelArch::kSm90;
+  o.sm90_schedule = schedule;
+  o.persistent_max_ctas = max_ctas;
+  o.item_order = order;
+  return o;
+}
+
+}  // namespace attnserve::sm90_test
+
+// Skips where there is no GPU, the GPU is not compute capability 9.x, or the build lacks sm_90a.
+#define SKIP_WITHOUT_SM90()                                                                    \
+  do {                                                                                         \
+    SKIP_WITHOUT_GPU();                                                                        \
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);                                                  \
+    if (!::attnserve::CurrentDeviceIsSm90()) {                                                 \
+      GTEST_SKIP() << "device 0 is not compute capability 9.x";                                \
+    }                                                                                          \
+    if (!::attnserve::FlashFwdSm90Built()) GTEST_SKIP() << "this build has no sm_90a kernels"; \
+  } while (0)
+
+#endif  // ATTNSERVE_TESTS_GPU_FLASH_SM90_TEST_UTIL_H_
