@@ -14,34 +14,11 @@
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::ExpectOutputsClose;
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
 using ::attnserve::testing::MatchesReference;
-
-AttentionSpec WithPattern(AttentionPattern p) {
-  AttentionSpec s;
-  s.pattern = std::move(p);
-  return s;
-}
-
-void ExpectClose(const AttentionOutputs& a, const AttentionOutputs& b, double o_tol) {
-  ASSERT_EQ(a.o.dims(), b.o.dims());
-  ASSERT_EQ(a.lse.dims(), b.lse.dims());
-  double o_err = 0, lse_err = 0;
-  for (int64_t i = 0; i < a.o.numel(); ++i) {
-    o_err = std::max(o_err, std::abs(double(a.o.GetFloat(i)) - b.o.GetFloat(i)));
-  }
-  for (int64_t i = 0; i < a.lse.numel(); ++i) {
-    const float x = a.lse.GetFloat(i), y = b.lse.GetFloat(i);
-    if (std::isinf(x) || std::isinf(y)) {
-      ASSERT_EQ(x, y) << "lse " << i;
-    } else {
-      lse_err = std::max(lse_err, std::abs(double(x) - y));
-    }
-  }
-  EXPECT_LE(o_err, o_tol);
-  EXPECT_LE(lse_err, 1e-4);
-}
+using ::attnserve::testing::SpecOf;
 
 // Data parallel over batch x KV-head units equals one device, for a plain and a dilated spec (where
 // units must keep h mod r).
@@ -51,9 +28,9 @@ TEST(DataParallelTest, MatchesSingleDevice) {
   DeviceAttentionFn cpu = [](int, const AttentionSpec& spec, const HostTensor& q,
                              const HostTensor& k,
                              const HostTensor& v) { return CpuAttention(spec, q, k, v); };
-  std::vector<AttentionSpec> specs = {AttentionSpec{}, WithPattern(WindowSpec{5}),
-                                      WithPattern(DilatedSpec{{16, 70}, {1, 2}}),
-                                      WithPattern(DilatedSpec{{16, 64}, {2, 8}})};
+  std::vector<AttentionSpec> specs = {AttentionSpec{}, SpecOf(WindowSpec{5}),
+                                      SpecOf(DilatedSpec{{16, 70}, {1, 2}}),
+                                      SpecOf(DilatedSpec{{16, 64}, {2, 8}})};
   specs[1].causal = true;
   for (const AttentionSpec& spec : specs) {
     SCOPED_TRACE(absl::StrCat(std::string(PatternName(spec.pattern)), " seed=", seed));
@@ -66,7 +43,7 @@ TEST(DataParallelTest, MatchesSingleDevice) {
       SCOPED_TRACE(P);
       auto dp = DataParallelAttention(spec, in.q, in.k, in.v, P, cpu);
       ASSERT_TRUE(dp.ok()) << dp.status();
-      ExpectClose(*dp, *single, 1e-6);
+      ExpectOutputsClose(*dp, *single, 1e-6);
       EXPECT_TRUE(MatchesReference(*ref, dp->o, &dp->lse, DType::kF32));
     }
   }
@@ -81,7 +58,7 @@ TEST(DataParallelTest, UnitsRespectGqaAndDilation) {
   EXPECT_EQ(plain.per_device[0].size(), 2);
   EXPECT_EQ(plain.per_device[3].size(), 1);
   // g = 4 query heads per KV head: rate 8 needs 2 KV heads per unit.
-  DataParallelSplit dil = SplitDataParallel(WithPattern(DilatedSpec{{16}, {8}}), shape, 4);
+  DataParallelSplit dil = SplitDataParallel(SpecOf(DilatedSpec{{16}, {8}}), shape, 4);
   EXPECT_EQ(dil.kv_heads_per_unit, 2);
   EXPECT_EQ(dil.units, 3);
 }

@@ -13,6 +13,7 @@
 
 #include "core/spec/pattern_compiler.h"
 #include "gtest/gtest.h"
+#include "tests/testing/attention_test_util.h"
 
 namespace attnserve {
 namespace {
@@ -35,28 +36,6 @@ int64_t GlobalPairs(const AttentionSpec& spec, int64_t n) {
     }
   }
   return pairs;
-}
-
-AttentionSpec Dense(bool causal) {
-  AttentionSpec s;
-  s.pattern = DenseSpec{};
-  s.causal = causal;
-  return s;
-}
-AttentionSpec Window(int64_t w, bool causal) {
-  AttentionSpec s;
-  s.pattern = WindowSpec{w};
-  s.causal = causal;
-  return s;
-}
-AttentionSpec Sparse(bool causal) {
-  AttentionSpec s;
-  BlockSparseSpec bs;
-  bs.block_size = 64;
-  bs.generator = LocalWindowGen{1};
-  s.pattern = bs;
-  s.causal = causal;
-  return s;
 }
 
 void CheckPlan(const AttentionSpec& spec, int64_t n, int ranks, int32_t block) {
@@ -127,11 +106,11 @@ TEST(RingCudaPlanTest, CoversEveryPairOnce) {
   for (int ranks : {1, 2, 3, 4}) {
     for (int64_t n : {1, 100, 128, 300, 1000, 1100}) {
       for (bool causal : {false, true}) {
-        CheckPlan(Dense(causal), n, ranks, 64);
-        CheckPlan(Dense(causal), n, ranks, 128);
-        CheckPlan(Window(70, causal), n, ranks, 64);
-        CheckPlan(Window(3, causal), n, ranks, 128);
-        CheckPlan(Sparse(causal), n, ranks, 64);
+        CheckPlan(testing::DenseCase(causal), n, ranks, 64);
+        CheckPlan(testing::DenseCase(causal), n, ranks, 128);
+        CheckPlan(testing::WindowCase(70, causal), n, ranks, 64);
+        CheckPlan(testing::WindowCase(3, causal), n, ranks, 128);
+        CheckPlan(testing::SparseCase(64, LocalWindowGen{1}, causal), n, ranks, 64);
       }
     }
   }
@@ -140,7 +119,7 @@ TEST(RingCudaPlanTest, CoversEveryPairOnce) {
 TEST(RingCudaPlanTest, CausalDenseIsBalancedAndUsesImplicitPieces) {
   // Zigzag over 2 ranks, n = 8 blocks: each rank admits the same pairs, and dense causal
   // pieces are full, diagonal or skipped: no layout needed.
-  absl::StatusOr<RingCudaPlan> plan = PlanRingCuda(Dense(true), 8 * 128, 2);
+  absl::StatusOr<RingCudaPlan> plan = PlanRingCuda(testing::DenseCase(true), 8 * 128, 2);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->split_kind, SplitKind::kZigzag);
   EXPECT_EQ(plan->admitted_pairs[0], plan->admitted_pairs[1]);
@@ -167,7 +146,9 @@ TEST(RingCudaPlanTest, LeanPlanCoversEveryPairOnce) {
         o.block_size = 64;
         o.q_chunks = qc;
         o.kv_pieces = c;
-        for (const AttentionSpec& spec : {Dense(causal), Window(70, causal), Sparse(causal)}) {
+        for (const AttentionSpec& spec :
+             {testing::DenseCase(causal), testing::WindowCase(70, causal),
+              testing::SparseCase(64, LocalWindowGen{1}, causal)}) {
           absl::StatusOr<RingCudaPlan> plan = PlanRingCuda(spec, 1100, ranks, o);
           ASSERT_TRUE(plan.ok()) << plan.status();
           ASSERT_EQ(plan->steps[0].size(), static_cast<size_t>(qc * ranks * c));
@@ -184,7 +165,7 @@ TEST(RingCudaPlanTest, ZigzagNeedsEvenPieces) {
   RingCudaPlanOptions o;
   o.q_chunks = 2;
   o.kv_pieces = 3;
-  EXPECT_EQ(PlanRingCuda(Dense(true), 4096, 2, o).status().code(),
+  EXPECT_EQ(PlanRingCuda(testing::DenseCase(true), 4096, 2, o).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -195,7 +176,8 @@ TEST(RingCudaPlanTest, BudgetPicksTheFastestFittingSchedule) {
   const AttentionShape shape{1, n, 8, 8, 128};
   const int64_t unit = (n / 2) * 8 * 128 * 2;
   RingCudaPlanOptions o;
-  absl::StatusOr<RingCudaPlan> free_plan = PlanRingCuda(Dense(true), shape, DType::kBF16, 2, o);
+  absl::StatusOr<RingCudaPlan> free_plan =
+      PlanRingCuda(testing::DenseCase(true), shape, DType::kBF16, 2, o);
   ASSERT_TRUE(free_plan.ok()) << free_plan.status();
   EXPECT_EQ(free_plan->q_chunks, 1);
   EXPECT_EQ(free_plan->kv_pieces, 1);
@@ -212,16 +194,17 @@ TEST(RingCudaPlanTest, BudgetPicksTheFastestFittingSchedule) {
   EXPECT_GE(need16, static_cast<int64_t>(4.25 * unit));
 
   o.device_memory_budget = need11;
-  absl::StatusOr<RingCudaPlan> p = PlanRingCuda(Dense(true), shape, DType::kBF16, 2, o);
+  absl::StatusOr<RingCudaPlan> p =
+      PlanRingCuda(testing::DenseCase(true), shape, DType::kBF16, 2, o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->q_chunks * p->kv_pieces, 1);
   o.device_memory_budget = need11 - 1;
-  p = PlanRingCuda(Dense(true), shape, DType::kBF16, 2, o);
+  p = PlanRingCuda(testing::DenseCase(true), shape, DType::kBF16, 2, o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_GT(p->q_chunks * p->kv_pieces, 1);
   EXPECT_LE(EstimateRingRankBytes(*p, 0, shape, DType::kBF16), o.device_memory_budget);
   o.device_memory_budget = static_cast<int64_t>(4.4 * unit);
-  p = PlanRingCuda(Dense(true), shape, DType::kBF16, 2, o);
+  p = PlanRingCuda(testing::DenseCase(true), shape, DType::kBF16, 2, o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_GT(p->q_chunks, 1);
   EXPECT_EQ(p->kv_pieces % 2, 0);
@@ -229,13 +212,13 @@ TEST(RingCudaPlanTest, BudgetPicksTheFastestFittingSchedule) {
     EXPECT_LE(EstimateRingRankBytes(*p, r, shape, DType::kBF16), o.device_memory_budget);
   }
   o.device_memory_budget = 4 * unit;  // below Q + O + K/V: nothing fits
-  p = PlanRingCuda(Dense(true), shape, DType::kBF16, 2, o);
+  p = PlanRingCuda(testing::DenseCase(true), shape, DType::kBF16, 2, o);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(p.status().message().find("device_memory_budget"), std::string::npos);
   // Forced counts ignore the budget.
   o.q_chunks = 2;
   o.kv_pieces = 2;
-  p = PlanRingCuda(Dense(true), shape, DType::kBF16, 2, o);
+  p = PlanRingCuda(testing::DenseCase(true), shape, DType::kBF16, 2, o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->q_chunks, 2);
 }
@@ -245,7 +228,8 @@ TEST(RingCudaPlanTest, BudgetPicksTheFastestFittingSchedule) {
 TEST(RingCudaPlanTest, BytesPerRankIsThePlansEstimate) {
   const AttentionShape shape{2, 5000, 8, 2, 128};
   for (bool causal : {false, true}) {
-    absl::StatusOr<RingCudaPlan> plan = PlanRingCuda(Dense(causal), shape, DType::kBF16, 3);
+    absl::StatusOr<RingCudaPlan> plan =
+        PlanRingCuda(testing::DenseCase(causal), shape, DType::kBF16, 3);
     ASSERT_TRUE(plan.ok()) << plan.status();
     int64_t need = 0;
     for (int p = 0; p < 3; ++p) {
@@ -255,7 +239,7 @@ TEST(RingCudaPlanTest, BytesPerRankIsThePlansEstimate) {
     }
     for (DType dtype : {DType::kBF16, DType::kF32}) {
       absl::StatusOr<int64_t> per_rank =
-          EstimateRingCudaBytesPerRank(Dense(causal), shape, dtype, 3);
+          EstimateRingCudaBytesPerRank(testing::DenseCase(causal), shape, dtype, 3);
       ASSERT_TRUE(per_rank.ok()) << per_rank.status();
       EXPECT_EQ(*per_rank, need);
     }
@@ -280,7 +264,7 @@ TEST(RingCudaPlanTest, MirroredChunksBalancePhases) {
   o.q_chunks = 8;
   o.kv_pieces = 8;
   const int P = 2;
-  absl::StatusOr<RingCudaPlan> plan = PlanRingCuda(Dense(true), 1 << 16, P, o);
+  absl::StatusOr<RingCudaPlan> plan = PlanRingCuda(testing::DenseCase(true), 1 << 16, P, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const int64_t period = P * o.kv_pieces;
   int64_t lockstep = 0, rank0 = 0;

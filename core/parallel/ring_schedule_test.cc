@@ -22,28 +22,6 @@
 namespace attnserve {
 namespace {
 
-AttentionSpec Dense(bool causal) {
-  AttentionSpec s;
-  s.pattern = DenseSpec{};
-  s.causal = causal;
-  return s;
-}
-AttentionSpec Window(int64_t w, bool causal) {
-  AttentionSpec s;
-  s.pattern = WindowSpec{w};
-  s.causal = causal;
-  return s;
-}
-AttentionSpec Sparse(bool causal) {
-  AttentionSpec s;
-  BlockSparseSpec bs;
-  bs.block_size = 64;
-  bs.generator = LocalWindowGen{1};
-  s.pattern = bs;
-  s.causal = causal;
-  return s;
-}
-
 // ---- The shared schedule executed for every rank on the CPU ------------------------------------
 
 // [B, N, H, D] f32 rows of `ranges` concatenated -> [B, rows, H, D].
@@ -190,17 +168,17 @@ TEST(RingScheduleTest, SlotModelHoldsForEveryPolicy) {
                                       RingSlotPolicy::kConsumeHome}) {
           for (bool circulate : {true, false}) {
             if (policy == RingSlotPolicy::kKeepHome && qc * c != 1) continue;
-            SCOPED_TRACE(::testing::Message() << "P=" << ranks << " qc=" << qc << " c=" << c
-                                              << " policy=" << static_cast<int>(policy)
-                                              << " circulate=" << circulate);
+            SCOPED_TRACE(::testing::Message()
+                         << "P=" << ranks << " qc=" << qc << " c=" << c
+                         << " policy=" << static_cast<int>(policy) << " circulate=" << circulate);
             RingScheduleOptions o;
             o.q_chunks = qc;
             o.kv_pieces = c;
             o.unit = 8;
             o.slots = policy;
             o.circulate = circulate;
-            absl::StatusOr<RingSchedule> s = MakeRingSchedule(SplitSequence(700, ranks, kind, 8),
-                                                              kind, o);
+            absl::StatusOr<RingSchedule> s =
+                MakeRingSchedule(SplitSequence(700, ranks, kind, 8), kind, o);
             ASSERT_TRUE(s.ok()) << s.status();
             CheckCuts(*s, 700, 8);
             std::vector<std::vector<Slot>> slots = HomeLabels(*s);
@@ -297,11 +275,10 @@ void SimulateTick(const AttentionSpec& spec, const IntervalRule& rule, const Rin
     ASSERT_EQ(piece.q_row, LocalRow(plan.split[p], piece.q.begin));
     ASSERT_LE(piece.acc_row + piece.q.size(), tq);
     ASSERT_LE(piece.k_row + piece.k.size(), ns);
-    const RectLayout layout =
-        piece.kind == RingPieceKind::kLayout
-            ? piece.layout
-            : RectLayoutFromRule(rule, piece.q.begin, piece.q.end, piece.k.begin, piece.k.end,
-                                 plan.block_size);
+    const RectLayout layout = piece.kind == RingPieceKind::kLayout
+                                  ? piece.layout
+                                  : RectLayoutFromRule(rule, piece.q.begin, piece.q.end,
+                                                       piece.k.begin, piece.k.end, plan.block_size);
     // The piece alone into fresh accumulators, then the LSE merge into the chunk's.
     std::vector<float> po(b * tq * hq * d, 0.f), pl(b * hq * tq, -INFINITY);
     CpuPieceArgs args;
@@ -341,9 +318,9 @@ void SimulateTick(const AttentionSpec& spec, const IntervalRule& rule, const Rin
 
 void SimulateRing(const AttentionSpec& spec, const AttentionShape& shape, int ranks, int qc, int c,
                   int32_t block, const testing::QkvInputs& in, const ReferenceResult& ref) {
-  SCOPED_TRACE(::testing::Message() << "ring sim P=" << ranks << " qc=" << qc << " c=" << c
-                                    << " n=" << shape.tokens << " causal=" << spec.causal
-                                    << " pattern=" << spec.pattern.index());
+  SCOPED_TRACE(::testing::Message()
+               << "ring sim P=" << ranks << " qc=" << qc << " c=" << c << " n=" << shape.tokens
+               << " causal=" << spec.causal << " pattern=" << spec.pattern.index());
   RingCudaPlanOptions o;
   o.block_size = block;
   o.q_chunks = qc;
@@ -405,13 +382,13 @@ void SimulateRing(const AttentionSpec& spec, const AttentionShape& shape, int ra
 TEST(RingScheduleTest, SimulationMatchesReference) {
   const uint64_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed=" << seed);
-  const std::vector<std::pair<int, int>> counts = {{1, 1}, {2, 2}, {4, 8}, {1, 2}, {2, 1},
-                                                   {3, 2}};
+  const std::vector<std::pair<int, int>> counts = {{1, 1}, {2, 2}, {4, 8}, {1, 2}, {2, 1}, {3, 2}};
   for (int64_t n : {300, 700}) {
     const AttentionShape shape{2, n, 4, 2, 16};
     const testing::QkvInputs in = testing::MakeRandomInputs(shape, DType::kF32, seed + n);
     for (bool causal : {false, true}) {
-      for (const AttentionSpec& spec : {Dense(causal), Window(90, causal), Sparse(causal)}) {
+      for (const AttentionSpec& spec : {testing::DenseCase(causal), testing::WindowCase(90, causal),
+                                        testing::SparseCase(64, LocalWindowGen{1}, causal)}) {
         absl::StatusOr<ReferenceResult> ref = ReferenceAttention(spec, in.q, in.k, in.v);
         ASSERT_TRUE(ref.ok()) << ref.status();
         for (int ranks : {1, 2, 3, 4}) {

@@ -20,6 +20,7 @@
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::ExpectOutputsClose;
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
 using ::attnserve::testing::MatchesReference;
@@ -81,25 +82,6 @@ std::vector<NamedSpec> AllSpecs() {
 }
 
 // Max |a - b| over O (as float) and over LSE (matching -inf).
-void ExpectClose(const AttentionOutputs& a, const AttentionOutputs& b, double o_tol) {
-  ASSERT_EQ(a.o.dims(), b.o.dims());
-  ASSERT_EQ(a.lse.dims(), b.lse.dims());
-  double o_err = 0, lse_err = 0;
-  for (int64_t i = 0; i < a.o.numel(); ++i) {
-    o_err = std::max(o_err, std::abs(double(a.o.GetFloat(i)) - b.o.GetFloat(i)));
-  }
-  for (int64_t i = 0; i < a.lse.numel(); ++i) {
-    const float x = a.lse.GetFloat(i), y = b.lse.GetFloat(i);
-    if (std::isinf(x) || std::isinf(y)) {
-      ASSERT_EQ(x, y) << "lse " << i;
-    } else {
-      lse_err = std::max(lse_err, std::abs(double(x) - y));
-    }
-  }
-  EXPECT_LE(o_err, o_tol);
-  EXPECT_LE(lse_err, 1e-4);
-}
-
 class RingSpecTest : public ::testing::TestWithParam<NamedSpec> {};
 
 // The ring on P in {1, 2, 3, 4} in-process ranks equals the single-device CPU backend and the
@@ -130,7 +112,7 @@ TEST_P(RingSpecTest, MatchesSingleDeviceAndReference) {
                                          /*threads_per_rank=*/P == 2 ? 2 : 0, &stats);
       ASSERT_TRUE(ring.ok()) << ring.status();
       EXPECT_TRUE(MatchesReference(*ref, ring->o, &ring->lse, dtype));
-      ExpectClose(*ring, *single, dtype == DType::kF32 ? 1e-5 : 1e-2);
+      ExpectOutputsClose(*ring, *single, dtype == DType::kF32 ? 1e-5 : 1e-2);
       ASSERT_EQ(stats.size(), static_cast<size_t>(P));
     }
   }

@@ -48,28 +48,6 @@ struct Case {
   AttentionShape shape;
 };
 
-AttentionSpec Dense(bool causal) {
-  AttentionSpec s;
-  s.pattern = DenseSpec{};
-  s.causal = causal;
-  return s;
-}
-AttentionSpec Window(int64_t w, bool causal) {
-  AttentionSpec s;
-  s.pattern = WindowSpec{w};
-  s.causal = causal;
-  return s;
-}
-AttentionSpec Sparse(int32_t block, BlockGenerator gen, bool causal) {
-  AttentionSpec s;
-  BlockSparseSpec bs;
-  bs.block_size = block;
-  bs.generator = std::move(gen);
-  s.pattern = bs;
-  s.causal = causal;
-  return s;
-}
-
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   const AttentionShape mha{1, 1000, 4, 4, 128};  // N not divisible by P or by the block
@@ -81,17 +59,17 @@ std::vector<Case> Cases() {
     cases.push_back({name, plain, shape});
     cases.push_back({name + "_causal", causal, shape});
   };
-  both("dense", Dense(false), Dense(true), mha);
-  both("window100", Window(100, false), Window(100, true), mha);
-  both("sparse_local64", Sparse(64, LocalWindowGen{2}, false), Sparse(64, LocalWindowGen{2}, true),
-       mha);
-  both("dense_gqa", Dense(false), Dense(true), gqa);
-  both("window300_gqa", Window(300, false), Window(300, true), gqa);
-  both("sparse_global64_gqa", Sparse(64, GlobalLocalGen{1, 1}, false),
-       Sparse(64, GlobalLocalGen{1, 1}, true), gqa);
-  both("dense_big", Dense(false), Dense(true), big);
-  both("sparse_strided128", Sparse(128, StridedGen{3, 1}, false),
-       Sparse(128, StridedGen{3, 1}, true), big);
+  both("dense", testing::DenseCase(false), testing::DenseCase(true), mha);
+  both("window100", testing::WindowCase(100, false), testing::WindowCase(100, true), mha);
+  both("sparse_local64", testing::SparseCase(64, LocalWindowGen{2}, false),
+       testing::SparseCase(64, LocalWindowGen{2}, true), mha);
+  both("dense_gqa", testing::DenseCase(false), testing::DenseCase(true), gqa);
+  both("window300_gqa", testing::WindowCase(300, false), testing::WindowCase(300, true), gqa);
+  both("sparse_global64_gqa", testing::SparseCase(64, GlobalLocalGen{1, 1}, false),
+       testing::SparseCase(64, GlobalLocalGen{1, 1}, true), gqa);
+  both("dense_big", testing::DenseCase(false), testing::DenseCase(true), big);
+  both("sparse_strided128", testing::SparseCase(128, StridedGen{3, 1}, false),
+       testing::SparseCase(128, StridedGen{3, 1}, true), big);
   return cases;
 }
 
@@ -299,7 +277,7 @@ TEST(RingCudaHostApiTest, F32InputsAndDilatedTooLong) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   auto in = MakeRandomInputs(shape, DType::kF32, seed);
-  const AttentionSpec spec = Dense(true);
+  const AttentionSpec spec = testing::DenseCase(true);
   auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
   ASSERT_TRUE(ref.ok());
   auto ring = RingAttentionCuda(spec, in.q, in.k, in.v, {0, 1});
@@ -352,11 +330,11 @@ TEST(RingCudaLeanTest, ForcedChunksMatchReference) {
     AttentionSpec spec;
   };
   const std::vector<Named> specs = {
-      {"dense", Dense(false)},
-      {"dense_causal", Dense(true)},
-      {"window100_causal", Window(100, true)},
-      {"sparse_local64", Sparse(64, LocalWindowGen{2}, false)},
-      {"sparse_local64_causal", Sparse(64, LocalWindowGen{2}, true)},
+      {"dense", testing::DenseCase(false)},
+      {"dense_causal", testing::DenseCase(true)},
+      {"window100_causal", testing::WindowCase(100, true)},
+      {"sparse_local64", testing::SparseCase(64, LocalWindowGen{2}, false)},
+      {"sparse_local64_causal", testing::SparseCase(64, LocalWindowGen{2}, true)},
   };
   for (const Named& n : specs) {
     auto ref = ReferenceAttention(n.spec, in.q, in.k, in.v);
@@ -402,7 +380,7 @@ TEST(RingCudaRunTest, PerRankApiOnOwnThreads) {
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   const AttentionShape shape{1, 1536, 4, 4, 128};
   auto in = MakeRandomInputs(shape, DType::kBF16, seed);
-  const AttentionSpec spec = Dense(true);
+  const AttentionSpec spec = testing::DenseCase(true);
   auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
   ASSERT_TRUE(ref.ok()) << ref.status();
   ForceNcclNvlsOff();
@@ -503,7 +481,7 @@ TEST(RingCudaRunTest, LeanRankRepeatsWithoutReload) {
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   const AttentionShape shape{1, 1100, 2, 2, 64};
   auto in = MakeRandomInputs(shape, DType::kBF16, seed);
-  const AttentionSpec spec = Dense(true);
+  const AttentionSpec spec = testing::DenseCase(true);
   RingCudaPlanOptions po;
   po.q_chunks = 2;
   po.kv_pieces = 4;
@@ -516,9 +494,9 @@ TEST(RingCudaRunTest, LeanRankRepeatsWithoutReload) {
   std::vector<std::vector<uint16_t>> first(2), second(2);
   const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
   auto rank_fn = [&](int r) -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(auto rank, RingCudaRank::Create(*plan, shape, DType::kBF16,
-                                                          EffectiveScale(spec, d), r, r, *group,
-                                                          {}));
+    ATTN_ASSIGN_OR_RETURN(
+        auto rank, RingCudaRank::Create(*plan, shape, DType::kBF16, EffectiveScale(spec, d), r, r,
+                                        *group, {}));
     const int64_t nl = rank->shard_tokens();
     std::vector<uint16_t> qs, ks, vs;
     auto gather = [&](const HostTensor& t, int64_t heads, std::vector<uint16_t>& dst) {

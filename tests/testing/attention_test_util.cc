@@ -1,8 +1,11 @@
 #include "tests/testing/attention_test_util.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -57,6 +60,39 @@ HostTensor PoisonedLse(const AttentionShape& s) {
 std::string ShapeString(const AttentionShape& s, DType dtype) {
   return absl::StrCat("[B=", s.batch, ", N=", s.tokens, ", Hq=", s.q_heads, ", Hkv=", s.kv_heads,
                       ", D=", s.head_dim, "] ", std::string(DTypeName(dtype)));
+}
+
+AttentionSpec SpecOf(AttentionPattern pattern, bool causal) {
+  AttentionSpec s;
+  s.pattern = std::move(pattern);
+  s.causal = causal;
+  return s;
+}
+
+AttentionSpec SparseCase(int32_t block, BlockGenerator generator, bool causal) {
+  BlockSparseSpec bs;
+  bs.block_size = block;
+  bs.generator = std::move(generator);
+  return SpecOf(bs, causal);
+}
+
+void ExpectOutputsClose(const AttentionOutputs& a, const AttentionOutputs& b, double o_tol) {
+  ASSERT_EQ(a.o.dims(), b.o.dims());
+  ASSERT_EQ(a.lse.dims(), b.lse.dims());
+  double o_err = 0, lse_err = 0;
+  for (int64_t i = 0; i < a.o.numel(); ++i) {
+    o_err = std::max(o_err, std::abs(double(a.o.GetFloat(i)) - b.o.GetFloat(i)));
+  }
+  for (int64_t i = 0; i < a.lse.numel(); ++i) {
+    const float x = a.lse.GetFloat(i), y = b.lse.GetFloat(i);
+    if (std::isinf(x) || std::isinf(y)) {
+      ASSERT_EQ(x, y) << "lse " << i;
+    } else {
+      lse_err = std::max(lse_err, std::abs(double(x) - y));
+    }
+  }
+  EXPECT_LE(o_err, o_tol);
+  EXPECT_LE(lse_err, 1e-4);
 }
 
 }  // namespace attnserve::testing

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/engine/types.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
@@ -45,6 +46,17 @@ inline constexpr double kLseTolerance = kReferenceLseTolerance;
 
 // "[B=1, N=300, Hq=4, Hkv=2, D=64] bf16" for test names and traces.
 std::string ShapeString(const AttentionShape& shape, DType dtype);
+
+// Spec builders, so tests state a case in one line.
+AttentionSpec SpecOf(AttentionPattern pattern, bool causal = false);
+inline AttentionSpec DenseCase(bool causal) { return SpecOf(DenseSpec{}, causal); }
+inline AttentionSpec WindowCase(int64_t w, bool causal) { return SpecOf(WindowSpec{w}, causal); }
+// Block-sparse with `generator` at `block` (64 or 128).
+AttentionSpec SparseCase(int32_t block, BlockGenerator generator, bool causal);
+
+// Two runs' outputs agree: equal shapes, O within `o_tol` (absolute), LSE within 1e-4 with -inf
+// exactly where the other has -inf.
+void ExpectOutputsClose(const AttentionOutputs& a, const AttentionOutputs& b, double o_tol);
 
 }  // namespace attnserve::testing
 
