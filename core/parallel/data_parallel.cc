@@ -87,9 +87,8 @@ absl::StatusOr<DataParallelShare> GatherShare(const DataParallelSplit& split, To
   return share;
 }
 
-absl::Status ScatterShare(const DataParallelSplit& split, TokenRange units,
-                          const AttentionOutputs& part, HostTensor& o, HostTensor& lse) {
-  (void)split;  // the share's own O shape carries its heads per unit
+absl::Status ScatterShare(TokenRange units, const AttentionOutputs& part, HostTensor& o,
+                          HostTensor& lse) {
   const int64_t q_heads = o.dim(2), n_tok = o.dim(1), d = o.dim(3);
   const int64_t U = units.size();
   if (part.o.dtype() != o.dtype() || part.o.dims().size() != 4 || part.o.dim(0) != U ||
@@ -140,7 +139,7 @@ absl::StatusOr<AttentionOutputs> DataParallelAttention(const AttentionSpec& spec
       status[dev] = [&]() -> absl::Status {
         ATTN_ASSIGN_OR_RETURN(DataParallelShare share, GatherShare(split, units, q, k, v, tracker));
         ATTN_ASSIGN_OR_RETURN(AttentionOutputs part, fn(dev, spec, share.q, share.k, share.v));
-        return ScatterShare(split, units, part, o, lse);
+        return ScatterShare(units, part, o, lse);
       }();
     });
   }

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/engine/types.h"
-#include "core/parallel/ring.h"
+#include "core/parallel/ring_schedule.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
 
@@ -38,8 +38,8 @@ absl::StatusOr<DataParallelShare> GatherShare(const DataParallelSplit& split, To
                                               const HostTensor& v, MemoryTracker* tracker);
 // Writes a share's outputs (O [U, N, c*g, D], LSE [U, c*g, N]) into the request's O [B, N, Hq, D]
 // and LSE [B, Hq, N]. INTERNAL when the share's outputs do not have the share's shape.
-absl::Status ScatterShare(const DataParallelSplit& split, TokenRange units,
-                          const AttentionOutputs& part, HostTensor& o, HostTensor& lse);
+absl::Status ScatterShare(TokenRange units, const AttentionOutputs& part, HostTensor& o,
+                          HostTensor& lse);
 
 // The attention a device runs on its share.
 using DeviceAttentionFn = std::function<absl::StatusOr<AttentionOutputs>(

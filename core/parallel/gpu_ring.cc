@@ -2,6 +2,8 @@
 // worker, over that worker's cached NCCL communicator for the ring's device set. When the ring
 // cannot split a dilated spec it becomes the dilated composition (dilated_ring_cuda.h); when it
 // cannot split the spec at all and the caller did not ask for a ring, rank 0 runs it alone.
+#include "core/parallel/gpu_ring.h"
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -17,7 +19,6 @@
 #include "absl/time/clock.h"
 #include "core/parallel/dilated_ring.h"
 #include "core/parallel/dilated_ring_cuda.h"
-#include "core/parallel/gpu_ring.h"
 #include "core/parallel/group_run.h"
 #include "core/parallel/nccl_communicator.h"
 #include "core/parallel/ring_cuda.h"
@@ -164,17 +165,16 @@ class DilatedCompositionStrategy final : public GroupStrategy {
                              const CudaOptions& cuda)
       : request_(request), ordinals_(std::move(ordinals)), cuda_(cuda) {}
 
-  absl::Status RunRank(int rank, Device&, WorkerComms*, RankFigures& figures) override {
+  absl::Status RunRank(int rank, Device&, WorkerComms*, RankFigures&) override {
     if (rank != 0) return absl::OkStatus();  // held by the reservation; rank 0 drives them
     RingCudaOptions options;
     options.cancel = &request_.cancel;
     options.cuda = cuda_;
     DilatedRingStats stats;
-    ATTN_ASSIGN_OR_RETURN(outputs_, DilatedRingAttentionCuda(request_.spec, request_.q, request_.k,
-                                                             request_.v, ordinals_, options,
-                                                             &stats));
+    ATTN_ASSIGN_OR_RETURN(
+        outputs_, DilatedRingAttentionCuda(request_.spec, request_.q, request_.k, request_.v,
+                                           ordinals_, options, &stats));
     nccl_bytes_ = stats.ring_bytes_moved;
-    (void)figures;
     return absl::OkStatus();
   }
 
@@ -262,8 +262,8 @@ absl::Status GpuRingStrategy::SetUp() {
   // The ring's schedule is chosen to fit the smallest budget of its devices (0 would mean
   // unlimited to the planner: a device with nothing to give gets 1 byte, so no schedule fits).
   options.plan.device_memory_budget = std::max<int64_t>(min_budget, 1);
-  absl::StatusOr<std::unique_ptr<RingCudaRun>> ring = RingCudaRun::Create(
-      request_.spec, request_.q, request_.k, request_.v, ordinals_, options);
+  absl::StatusOr<std::unique_ptr<RingCudaRun>> ring =
+      RingCudaRun::Create(request_.spec, request_.q, request_.k, request_.v, ordinals_, options);
   if (!ring.ok()) {
     return SetUpInstead(ring.status(), names, min_budget, budgets, options.plan.block_size);
   }
@@ -273,9 +273,8 @@ absl::Status GpuRingStrategy::SetUp() {
     const int64_t need = (*ring)->EstimateRankBytes(r);
     if (need > budgets[r]) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "device memory: ring rank ", r, " needs about ", need, " bytes on ",
-          devices_[r]->name(), ", more than it can give (", budgets[r],
-          " bytes; see --max-inflight-bytes)"));
+          "device memory: ring rank ", r, " needs about ", need, " bytes on ", devices_[r]->name(),
+          ", more than it can give (", budgets[r], " bytes; see --max-inflight-bytes)"));
     }
   }
   if (env_.nccl_groups == nullptr) return absl::InternalError("GPU ring: no NCCL group cache");
@@ -303,10 +302,10 @@ absl::Status GpuRingStrategy::SetUpInstead(const absl::Status& ring_status,
       const int64_t need =
           devices_.front()->EstimateBytes(request_.spec, request_.shape, request_.dtype);
       if (need > min_budget) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "device memory: dilated ring over ", names, " needs about ", need,
-            " bytes per device, more than the smallest budget (", min_budget,
-            " bytes; see --max-inflight-bytes)"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("device memory: dilated ring over ", names, " needs about ", need,
+                         " bytes per device, more than the smallest budget (", min_budget,
+                         " bytes; see --max-inflight-bytes)"));
       }
       instead_ = std::make_unique<DilatedCompositionStrategy>(request_, ordinals_, env_.cuda);
       return absl::OkStatus();
@@ -351,9 +350,9 @@ absl::Status GpuRingStrategy::RunRingRank(int rank, Device& device, WorkerComms*
   }
   bool created = false;
   const absl::Status st = device.RunTask(0, [&](DeviceContext& ctx) -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(NcclCommunicator * comm,
-                          comms->Get(ordinals_, nccl_group_, nccl_generation_, rank, ctx,
-                                     init_timeout, &created));
+    ATTN_ASSIGN_OR_RETURN(
+        NcclCommunicator * comm,
+        comms->Get(ordinals_, nccl_group_, nccl_generation_, rank, ctx, init_timeout, &created));
     return ring_->RunRank(rank, *comm, ctx.allocator, ctx.stream);
   });
   if (created && env_.on_nccl_comm_created) env_.on_nccl_comm_created(rank);
@@ -365,8 +364,8 @@ absl::Status GpuRingStrategy::Collect(GroupResult& result) {
   if (instead_ != nullptr) {
     ATTN_RETURN_IF_ERROR(instead_->Collect(result));
     if (fell_back_single_) {
-      result.ranks[0].tokens = static_cast<double>(request_.shape.batch) *
-                               static_cast<double>(request_.shape.tokens);
+      result.ranks[0].tokens =
+          static_cast<double>(request_.shape.batch) * static_cast<double>(request_.shape.tokens);
     }
     return absl::OkStatus();
   }

@@ -22,8 +22,7 @@ class SingleStrategy final : public GroupStrategy {
  public:
   explicit SingleStrategy(AttentionRequest& request) : request_(request) {}
 
-  absl::Status RunRank(int rank, Device& device, WorkerComms*, RankFigures& figures) override {
-    (void)rank;
+  absl::Status RunRank(int, Device& device, WorkerComms*, RankFigures& figures) override {
     ATTN_ASSIGN_OR_RETURN(outputs_, device.Run(request_.spec, request_.q, request_.k, request_.v,
                                                request_.control(), &info_));
     figures.tokens = RequestTokens(request_.shape);
@@ -66,10 +65,10 @@ class DataParallelStrategy final : public GroupStrategy {
     if (units.size() == 0) return absl::OkStatus();
     ATTN_ASSIGN_OR_RETURN(DataParallelShare share,
                           GatherShare(split_, units, request_.q, request_.k, request_.v, nullptr));
-    ATTN_ASSIGN_OR_RETURN(AttentionOutputs part,
-                          device.Run(request_.spec, share.q, share.k, share.v,
-                                     request_.control(), &infos_[rank]));
-    ATTN_RETURN_IF_ERROR(ScatterShare(split_, units, part, o_, lse_));
+    ATTN_ASSIGN_OR_RETURN(
+        AttentionOutputs part,
+        device.Run(request_.spec, share.q, share.k, share.v, request_.control(), &infos_[rank]));
+    ATTN_RETURN_IF_ERROR(ScatterShare(units, part, o_, lse_));
     figures.tokens = static_cast<double>(units.size()) * static_cast<double>(request_.shape.tokens);
     figures.flops = infos_[rank].flops;
     return absl::OkStatus();
@@ -108,8 +107,8 @@ class CpuRingStrategy final : public GroupStrategy {
     RingOptions options;
     options.cancel = &request_.cancel;
     options.deadline = request_.deadline;
-    ATTN_ASSIGN_OR_RETURN(ring_, RingRun::Create(request_.spec, request_.q, request_.k, request_.v,
-                                                 ranks_, options));
+    ATTN_ASSIGN_OR_RETURN(
+        ring_, RingRun::Create(request_.spec, request_.q, request_.k, request_.v, ranks_, options));
     ATTN_ASSIGN_OR_RETURN(comms_, InProcessCommGroup::Create(ranks_));
     return absl::OkStatus();
   }
@@ -119,8 +118,8 @@ class CpuRingStrategy final : public GroupStrategy {
     shard.tokens = (shard.tokens + ranks_ - 1) / ranks_;
     const int64_t bytes = device.EstimateBytes(request_.spec, shard, request_.dtype);
     Communicator& comm = *comms_->comm(rank);
-    ATTN_RETURN_IF_ERROR(device.RunTask(
-        bytes, [&](DeviceContext& ctx) { return ring_->RunRank(comm, ctx.pool); }));
+    ATTN_RETURN_IF_ERROR(
+        device.RunTask(bytes, [&](DeviceContext& ctx) { return ring_->RunRank(comm, ctx.pool); }));
     figures.tokens = RequestTokens(request_.shape) / ranks_;
     return absl::OkStatus();
   }

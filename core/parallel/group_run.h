@@ -84,7 +84,7 @@ class GroupStrategy {
 
 class GroupRun {
  public:
-  // `request` must outlive the run; `devices` are the group's devices in rank order (pool
+  // The run shares ownership of `request`; `devices` are the group's devices in rank order (pool
   // order). The strategy is chosen from `placement` and the devices' backend.
   GroupRun(Placement placement, std::shared_ptr<AttentionRequest> request,
            std::vector<Device*> devices, GroupEnv env);
@@ -116,7 +116,7 @@ class GroupRun {
   absl::Status setup_status_;
   std::atomic<int> remaining_;
   absl::Time start_ = absl::InfiniteFuture();  // written by rank 0's worker
-  std::vector<absl::Status> status_;  // per rank, each written by its own worker
+  std::vector<absl::Status> status_;           // per rank, each written by its own worker
   std::vector<RankFigures> figures_;
 };
 
@@ -128,7 +128,8 @@ double RingFigures(const AttentionShape& shape, const std::vector<int64_t>& admi
 // The status a request gets when it is found cancelled or past its deadline before it starts.
 absl::Status StartStatus(const AttentionRequest& request, absl::Time now);
 
-// The strategies (group_run.cc, data_parallel.cc, ring.cc's CPU ring, gpu_ring.cc).
+// The strategies: single, data parallel and CPU ring in group_run.cc; the GPU ring in gpu_ring.cc
+// (gpu_ring_unavailable.cc without CUDA and NCCL).
 std::unique_ptr<GroupStrategy> MakeSingleStrategy(AttentionRequest& request);
 std::unique_ptr<GroupStrategy> MakeDataParallelStrategy(AttentionRequest& request, int ranks);
 std::unique_ptr<GroupStrategy> MakeCpuRingStrategy(AttentionRequest& request, int ranks);

@@ -13,9 +13,8 @@ namespace {
 
 class SingleDevicePlanner final : public PlacementPlanner {
  public:
-  std::optional<PlacementDecision> Place(const AttentionRequest& request,
+  std::optional<PlacementDecision> Place(const AttentionRequest&,
                                          absl::Span<const DeviceLoad> loads) override {
-    (void)request;
     const DeviceLoad* best = nullptr;
     for (const DeviceLoad& l : loads) {
       if (l.busy || l.estimate_bytes > l.budget_bytes) continue;
@@ -25,9 +24,7 @@ class SingleDevicePlanner final : public PlacementPlanner {
     return PlacementDecision{Placement::kSingle, {best->index}};
   }
 
-  absl::Status Feasible(const AttentionRequest& request,
-                        absl::Span<const DeviceLoad> loads) override {
-    (void)request;
+  absl::Status Feasible(const AttentionRequest&, absl::Span<const DeviceLoad> loads) override {
     int64_t best_budget = 0;
     for (const DeviceLoad& l : loads) {
       if (l.estimate_bytes <= l.idle_budget_bytes) return absl::OkStatus();
@@ -92,16 +89,17 @@ class MultiDevicePlanner final : public PlacementPlanner {
       // of that schedule's buffer table (the one its ranks allocate), not by a generic bound.
       int64_t budget = std::numeric_limits<int64_t>::max();
       for (const DeviceLoad& l : loads) budget = std::min(budget, l.idle_budget_bytes);
-      in.ring_estimate = [spec = request.spec, shape = request.shape, dtype = request.dtype,
-                          budget, fallback = in](int ranks) {
+      // Called only inside PlanPlacement(in) below, while `request` and `in` are alive: captured
+      // by reference, so a large CSR spec is not copied on every dispatch.
+      in.ring_estimate = [&request, &in, budget](int ranks) {
         RingCudaPlanOptions options;
         options.device_memory_budget = std::max<int64_t>(budget, 1);
         options.cudnn_pieces = true;  // the larger of the two piece engines' needs
-        absl::StatusOr<int64_t> bytes =
-            EstimateRingCudaBytesPerRank(spec, shape, dtype, ranks, options);
+        absl::StatusOr<int64_t> bytes = EstimateRingCudaBytesPerRank(request.spec, request.shape,
+                                                                     request.dtype, ranks, options);
         // Specs a GPU ring cannot split run as the dilated composition or on one device
         // (gpu_ring.cc), which the generic bound covers.
-        return bytes.ok() ? *bytes : RingBytesPerRank(fallback, ranks);
+        return bytes.ok() ? *bytes : RingBytesPerRank(in, ranks);
       };
     }
     return PlanPlacement(in);
