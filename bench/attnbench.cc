@@ -184,7 +184,7 @@ absl::StatusOr<CheckResult> Check(const Flags& f, const AttentionSpec& spec, DTy
   ATTN_RETURN_IF_ERROR(ValidateShape(s));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
   ATTN_ASSIGN_OR_RETURN(const Inputs in, MakeInputs(s, dtype, f.seed + 1000));
-  ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled, CompilePattern(spec, s.tokens, s.q_heads));
+  ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled, CompileValidatedPattern(spec, s.tokens, s.q_heads));
   ATTN_RETURN_IF_ERROR(backend.Prepare(spec, compiled, in.q, in.k, in.v));
   ATTN_RETURN_IF_ERROR(backend.Run());
   ATTN_ASSIGN_OR_RETURN(const AttentionOutputs* out, backend.Outputs());
@@ -215,7 +215,7 @@ absl::StatusOr<Figures> TimeFullSize(const Flags& f, const AttentionSpec& spec, 
   ATTN_ASSIGN_OR_RETURN(const Inputs in, MakeInputs(shape, dtype, f.seed));
   const auto c0 = Clock::now();
   ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
-                        CompilePattern(spec, shape.tokens, shape.q_heads));
+                        CompileValidatedPattern(spec, shape.tokens, shape.q_heads));
   r.compile_ms = 1e3 * Seconds(c0, Clock::now());
   ATTN_RETURN_IF_ERROR(backend.Prepare(spec, compiled, in.q, in.k, in.v));
   for (int64_t i = 0; i < f.warmup; ++i) ATTN_RETURN_IF_ERROR(backend.Run());

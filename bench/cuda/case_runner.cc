@@ -12,6 +12,7 @@
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/cuda_status.h"
 #include "core/reference/reference.h"
+#include "core/spec/attention_spec.h"
 #include "core/spec/pattern_compiler.h"
 #include "core/tensor/tensor.h"
 #include "core/util/status_macros.h"
@@ -98,6 +99,9 @@ SmallCheckResult SmallCheck(const Case& c, CachingAllocator& alloc, cudaStream_t
 
 absl::Status RunCase(const Case& c, const CudaBenchOptions& opt, CachingAllocator& alloc,
                      cudaStream_t stream, Result& r) {
+  // The bench's edge: the case is validated once; the compiler and the plan assert it.
+  ATTN_RETURN_IF_ERROR(ValidateShape(c.shape));
+  ATTN_RETURN_IF_ERROR(ValidateSpec(c.spec, c.shape));
   alloc.EmptyCache();
   alloc.ResetPeak();
   // Compile on the host (timed), then plan (upload).
@@ -106,7 +110,7 @@ absl::Status RunCase(const Case& c, const CudaBenchOptions& opt, CachingAllocato
   const bool dense = std::holds_alternative<DenseSpec>(c.spec.pattern);
   if (!dense) {
     const auto t0 = std::chrono::steady_clock::now();
-    ATTN_ASSIGN_OR_RETURN(compiled, CompilePattern(c.spec, c.shape.tokens, c.shape.q_heads));
+    ATTN_ASSIGN_OR_RETURN(compiled, CompileValidatedPattern(c.spec, c.shape.tokens, c.shape.q_heads));
     r.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                        .count();
     compiled_ptr = &compiled;

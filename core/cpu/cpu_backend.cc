@@ -394,7 +394,7 @@ absl::StatusOr<AttentionOutputs> CpuAttention(const AttentionSpec& spec, const H
   ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
   ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
-                        CompilePattern(spec, s.tokens, s.q_heads, options.compile));
+                        CompileValidatedPattern(spec, s.tokens, s.q_heads, options.compile));
   return CpuAttentionCompiled(spec, compiled, q, k, v, options);
 }
 

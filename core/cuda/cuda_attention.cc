@@ -16,6 +16,7 @@
 #include "core/cuda/flash_fwd/flash_fwd_head_dims.h"
 #include "core/cuda/flash_fwd/flash_fwd_launch.h"
 #include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -209,8 +210,7 @@ CudaAttentionPlan::~CudaAttentionPlan() = default;
 absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
     const AttentionSpec& spec, const AttentionShape& shape, DType dtype, CachingAllocator& alloc,
     cudaStream_t stream, const CompiledPattern* compiled, const Options& options) {
-  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
   ATTN_RETURN_IF_ERROR(CudaCheckHeadDim(shape.head_dim));
   if (shape.q_heads > kMaxGridYZ || shape.batch > kMaxGridYZ) {
     return absl::InvalidArgumentError("shape: q_heads and batch must be <= 65535 on CUDA");
@@ -228,7 +228,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
     CompiledPattern local;
     if (compiled == nullptr) {
       ATTN_ASSIGN_OR_RETURN(local,
-                            CompilePattern(spec, shape.tokens, shape.q_heads, options.compile));
+                            CompileValidatedPattern(spec, shape.tokens, shape.q_heads, options.compile));
       compiled = &local;
     }
     ATTN_RETURN_IF_ERROR(plan->BuildDilated(spec, *compiled, options.compile.block_size));
@@ -320,7 +320,7 @@ absl::Status CudaAttentionPlan::BuildLayout(const AttentionSpec& spec,
   if (compiled != nullptr) {
     bl = &compiled->layout;
   } else {
-    ATTN_ASSIGN_OR_RETURN(local, CompileBlockLayout(spec, n, options));
+    ATTN_ASSIGN_OR_RETURN(local, CompileValidatedBlockLayout(spec, n, options));
     bl = &local;
   }
   if (bl->seq_len != n) {

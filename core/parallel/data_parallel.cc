@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -125,7 +126,7 @@ absl::StatusOr<AttentionOutputs> DataParallelAttention(const AttentionSpec& spec
         absl::StrCat("data parallel: devices must be >= 1, got ", devices));
   }
   ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
+  ATTN_DCHECK_OK(ValidateSpec(spec, s));  // validated where the request entered
   const DataParallelSplit split = SplitDataParallel(spec, s, devices);
   ATTN_ASSIGN_OR_RETURN(HostTensor o, HostTensor::Create(q.dtype(), q.dims(), tracker));
   ATTN_ASSIGN_OR_RETURN(HostTensor lse,

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cpu/merge.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -91,8 +92,7 @@ absl::Status MergeJob(const DilatedRingJob& job, int64_t begin, int64_t end,
 absl::StatusOr<std::vector<DilatedRingJob>> PlanDilatedRing(const AttentionSpec& spec,
                                                             const AttentionShape& shape, int ranks,
                                                             int32_t block_size) {
-  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
   const auto* dil = std::get_if<DilatedSpec>(&spec.pattern);
   if (dil == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(

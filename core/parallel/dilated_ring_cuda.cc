@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -50,7 +51,7 @@ absl::StatusOr<AttentionOutputs> RunAttentionOnCudaDevice(const AttentionSpec& s
                                                           cudaStream_t stream, int32_t block_size,
                                                           const std::atomic<bool>* cancel) {
   ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
   CUDA_RETURN_IF_ERROR(cudaSetDevice(alloc.device()));
   const DType dtype = q.dtype();
   AttentionOutputs out;

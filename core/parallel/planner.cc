@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/ring.h"
+#include "core/util/check.h"
 
 namespace attnserve {
 namespace {
@@ -93,7 +94,7 @@ absl::StatusOr<PlacementPlan> PlanPlacement(const PlannerInput& in) {
     return absl::InvalidArgumentError("placement: no devices to place the request on");
   }
   if (!in.estimate) return absl::InvalidArgumentError("placement: no estimate function");
-  if (absl::Status s = ValidateShape(in.shape); !s.ok()) return s;
+  ATTN_DCHECK_OK(ValidateShape(in.shape));  // validated where the request entered
   const std::vector<int> order = ByFreeBytes(in.free_bytes);
   const int devices = static_cast<int>(order.size());
   const AttentionShape& s = in.shape;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/cpu/merge.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -76,7 +77,7 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
   }
   std::unique_ptr<RingRun> run(new RingRun());
   ATTN_ASSIGN_OR_RETURN(run->shape_, AttentionShapeOf(q, k, v));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, run->shape_));
+  ATTN_DCHECK_OK(ValidateSpec(spec, run->shape_));  // validated where the request entered
   const AttentionShape& s = run->shape_;
   run->spec_ = spec;
   run->dtype_ = q.dtype();
@@ -117,7 +118,7 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
     run->jobs_.push_back(std::move(job));
   } else if (const auto* bs = std::get_if<BlockSparseSpec>(&spec.pattern)) {
     ATTN_ASSIGN_OR_RETURN(CompiledPattern compiled,
-                          CompilePattern(spec, s.tokens, s.q_heads, options.compile));
+                          CompileValidatedPattern(spec, s.tokens, s.q_heads, options.compile));
     run->compiled_ = std::move(compiled);
     Job job = all_heads_job();
     ATTN_RETURN_IF_ERROR(schedule_of(
@@ -126,7 +127,7 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
     run->jobs_.push_back(std::move(job));
   } else {
     ATTN_ASSIGN_OR_RETURN(CompiledPattern compiled,
-                          CompilePattern(spec, s.tokens, s.q_heads, options.compile));
+                          CompileValidatedPattern(spec, s.tokens, s.q_heads, options.compile));
     if (!compiled.dilated.has_value()) {
       return absl::InternalError("ring: a dilated spec compiled without a dilated plan");
     }
@@ -451,6 +452,9 @@ absl::StatusOr<AttentionOutputs> RingAttentionInProcess(const AttentionSpec& spe
                                                         const RingOptions& options,
                                                         int threads_per_rank,
                                                         std::vector<RingRankStats>* stats) {
+  // A library entry point: validate here; RingRun::Create asserts.
+  ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
+  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<RingRun> run,
                         RingRun::Create(spec, q, k, v, ranks, options));
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<InProcessCommGroup> group,

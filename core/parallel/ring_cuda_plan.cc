@@ -97,7 +97,7 @@ absl::StatusOr<RingCudaPlan> PlanWith(const AttentionSpec& spec, int64_t n, int 
     CompileOptions compile;
     compile.block_size = bs->block_size;
     compile.max_kept_blocks = options.max_kept_blocks;
-    ATTN_ASSIGN_OR_RETURN(global, CompileBlockLayout(spec, n, compile));
+    ATTN_ASSIGN_OR_RETURN(global, CompileValidatedBlockLayout(spec, n, compile));
     block_size = global->block_size;
   }
   if (block_size != 64 && block_size != 128) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -55,7 +56,7 @@ absl::StatusOr<std::unique_ptr<RingCudaRun>> RingCudaRun::Create(
     const AttentionSpec& spec, const HostTensor& q, const HostTensor& k, const HostTensor& v,
     std::vector<int> devices, const RingCudaOptions& options) {
   ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
   if (devices.empty()) return absl::InvalidArgumentError("ring (CUDA): no devices");
   std::unique_ptr<RingCudaRun> run(new RingCudaRun());
   run->spec_ = spec;

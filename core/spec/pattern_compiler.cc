@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
@@ -314,6 +315,19 @@ BlockLayout DenseLayout(int64_t n, int32_t block_size, bool causal) {
 absl::StatusOr<BlockLayout> CompileBlockLayout(const AttentionSpec& spec, int64_t seq_len,
                                                const CompileOptions& options) {
   ATTN_RETURN_IF_ERROR(ValidateSpecForSeqLen(spec, seq_len));
+  return CompileValidatedBlockLayout(spec, seq_len, options);
+}
+
+absl::StatusOr<CompiledPattern> CompilePattern(const AttentionSpec& spec, int64_t seq_len,
+                                               int64_t q_heads, const CompileOptions& options) {
+  ATTN_RETURN_IF_ERROR(ValidateSpecForSeqLen(spec, seq_len));
+  return CompileValidatedPattern(spec, seq_len, q_heads, options);
+}
+
+absl::StatusOr<BlockLayout> CompileValidatedBlockLayout(const AttentionSpec& spec,
+                                                        int64_t seq_len,
+                                                        const CompileOptions& options) {
+  ATTN_DCHECK_OK(ValidateSpecForSeqLen(spec, seq_len));
   if (const auto* bs = std::get_if<BlockSparseSpec>(&spec.pattern)) {
     return BlockSparseLayout(*bs, spec.causal, seq_len, options.max_kept_blocks);
   }
@@ -331,14 +345,15 @@ absl::StatusOr<BlockLayout> CompileBlockLayout(const AttentionSpec& spec, int64_
   return BandLayout(seq_len, options.block_size, spec.causal, window, options.max_kept_blocks);
 }
 
-absl::StatusOr<CompiledPattern> CompilePattern(const AttentionSpec& spec, int64_t seq_len,
-                                               int64_t q_heads, const CompileOptions& options) {
+absl::StatusOr<CompiledPattern> CompileValidatedPattern(const AttentionSpec& spec,
+                                                        int64_t seq_len, int64_t q_heads,
+                                                        const CompileOptions& options) {
   const auto* dilated = std::get_if<DilatedSpec>(&spec.pattern);
   if (dilated == nullptr) {
-    ATTN_ASSIGN_OR_RETURN(BlockLayout layout, CompileBlockLayout(spec, seq_len, options));
+    ATTN_ASSIGN_OR_RETURN(BlockLayout layout, CompileValidatedBlockLayout(spec, seq_len, options));
     return CompiledPattern{std::move(layout), std::nullopt};
   }
-  ATTN_RETURN_IF_ERROR(ValidateSpecForSeqLen(spec, seq_len));
+  ATTN_DCHECK_OK(ValidateSpecForSeqLen(spec, seq_len));
   if (q_heads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("shape.q_heads: must be >= 1, got ", q_heads));
   }

@@ -54,15 +54,24 @@ struct CompiledPattern {
   std::optional<DilatedPlan> dilated;
 };
 
-// Compiles a validated spec for sequence length `seq_len` and `q_heads` heads. The spec must have
-// passed ValidateSpec (compile re-checks only what it needs for memory safety and returns
-// INVALID_ARGUMENT otherwise). Time and memory are O(num_blocks + kept blocks).
+// Compiles `spec` for sequence length `seq_len` and `q_heads` heads: a library entry point, so it
+// validates the spec first (ValidateSpecForSeqLen) and returns INVALID_ARGUMENT naming the field.
+// Time and memory are O(num_blocks + kept blocks).
 absl::StatusOr<CompiledPattern> CompilePattern(const AttentionSpec& spec, int64_t seq_len,
                                                int64_t q_heads, const CompileOptions& options = {});
 
-// Compiles just the block layout of a non-dilated spec (dense, window, block_sparse).
+// Compiles just the block layout of a non-dilated spec (dense, window, block_sparse); validates
+// like CompilePattern.
 absl::StatusOr<BlockLayout> CompileBlockLayout(const AttentionSpec& spec, int64_t seq_len,
                                                const CompileOptions& options = {});
+
+// The same for a spec already validated where the request entered (devices, plans, rings): the
+// validation is asserted, not repeated. Only the compile options are checked here.
+absl::StatusOr<CompiledPattern> CompileValidatedPattern(const AttentionSpec& spec, int64_t seq_len,
+                                                        int64_t q_heads,
+                                                        const CompileOptions& options = {});
+absl::StatusOr<BlockLayout> CompileValidatedBlockLayout(const AttentionSpec& spec, int64_t seq_len,
+                                                        const CompileOptions& options = {});
 
 // Dense (causal when `causal`) layout over n tokens at block size b.
 BlockLayout DenseLayout(int64_t n, int32_t block_size, bool causal);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -39,12 +40,28 @@ std::string ShapeString(const std::vector<int64_t>& dims, DType dtype) {
 
 }  // namespace
 
-void HostTensor::Deleter::operator()(std::byte* p) const {
+void* PlainHostMemory::Allocate(size_t bytes) {
+  return ::operator new (bytes, std::align_val_t{kHostTensorAlignment}, std::nothrow);
+}
+
+void PlainHostMemory::Free(void* p, size_t) {
   ::operator delete (p, std::align_val_t{kHostTensorAlignment});
 }
 
-absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, std::vector<int64_t> dims,
-                                              MemoryTracker* tracker) {
+void tensor_internal::BufferDeleter::operator()(std::byte* p) const {
+  if (view) return;
+  if (memory != nullptr) {
+    memory->Free(p, bytes);
+  } else {
+    ::operator delete (p, std::align_val_t{kHostTensorAlignment});
+  }
+}
+
+namespace {
+
+// numel and bytes of a tensor; INVALID_ARGUMENT for a negative dim, RESOURCE_EXHAUSTED on overflow.
+absl::Status SizeOf(DType dtype, const std::vector<int64_t>& dims, int64_t* numel_out,
+                    int64_t* bytes_out) {
   bool has_zero_dim = false;
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) {
@@ -68,15 +85,30 @@ absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, std::vector<int64_t> 
         absl::StrCat("tensor ", ShapeString(dims, dtype), ": size exceeds ",
                      std::numeric_limits<int64_t>::max(), " bytes (int64 overflow)"));
   }
+  *numel_out = numel;
+  *bytes_out = bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, std::vector<int64_t> dims,
+                                              MemoryTracker* tracker, HostMemory* memory) {
+  int64_t numel = 0;
+  int64_t bytes = 0;
+  if (absl::Status s = SizeOf(dtype, dims, &numel, &bytes); !s.ok()) return s;
   // Round the allocation up to whole 64-byte lines so that SIMD loops may read the last line
   // whole; at least one line, so that a valid zero-element tensor is not empty(). The nothrow
   // form reports failure as nullptr: no exception can escape, as every boundary returns Status.
   constexpr int64_t kAlign = static_cast<int64_t>(kHostTensorAlignment);
   void* raw = nullptr;
+  int64_t padded = 0;
   if (bytes <= std::numeric_limits<int64_t>::max() - kAlign) {
-    const int64_t padded = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-    raw = ::operator new (static_cast<size_t>(padded), std::align_val_t{kHostTensorAlignment},
-                          std::nothrow);
+    padded = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    raw = memory != nullptr
+              ? memory->Allocate(static_cast<size_t>(padded))
+              : ::operator new (static_cast<size_t>(padded), std::align_val_t{kHostTensorAlignment},
+                                std::nothrow);
   }
   if (raw == nullptr) {
     return absl::ResourceExhaustedError(
@@ -87,9 +119,40 @@ absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, std::vector<int64_t> 
   t.dtype_ = dtype;
   t.dims_ = std::move(dims);
   t.numel_ = numel;
-  t.data_.reset(static_cast<std::byte*>(raw));
+  t.data_ = std::unique_ptr<std::byte, Deleter>(
+      static_cast<std::byte*>(raw),
+      Deleter{memory, static_cast<size_t>(padded), false,
+              memory != nullptr && memory->page_locked(), nullptr});
   t.tracker_ = tracker;
   if (tracker != nullptr) tracker->Allocate(bytes);
+  return t;
+}
+
+absl::StatusOr<HostTensor> HostTensor::Wrap(DType dtype, std::vector<int64_t> dims,
+                                            std::byte* data, size_t bytes_available,
+                                            std::shared_ptr<const void> owner) {
+  int64_t numel = 0;
+  int64_t bytes = 0;
+  if (absl::Status s = SizeOf(dtype, dims, &numel, &bytes); !s.ok()) return s;
+  if (static_cast<uint64_t>(bytes) > bytes_available) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", ShapeString(dims, dtype), ": needs ",
+                                                   bytes, " bytes, only ", bytes_available,
+                                                   " available"));
+  }
+  if (data == nullptr) return absl::InvalidArgumentError("tensor: null data");
+  // Aligned like every HostTensor: SIMD loops may read the last 64-byte line whole, which stays
+  // inside the page (and so inside any mapping) that holds the tensor's last byte.
+  if (reinterpret_cast<uintptr_t>(data) % kHostTensorAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", ShapeString(dims, dtype),
+                                                   ": data must be ", kHostTensorAlignment,
+                                                   "-byte aligned"));
+  }
+  HostTensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.numel_ = numel;
+  t.data_ = std::unique_ptr<std::byte, Deleter>(
+      data, Deleter{nullptr, static_cast<size_t>(bytes), true, false, std::move(owner)});
   return t;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/host_memory.h"
 
 namespace attnserve {
 
@@ -43,6 +44,18 @@ struct AttentionShape {
 // Alignment of every HostTensor buffer: a cache line, and the widest SIMD load (AVX-512).
 inline constexpr size_t kHostTensorAlignment = 64;
 
+namespace tensor_internal {
+// How a HostTensor's buffer goes back: to its HostMemory, to aligned delete, or (a view) nowhere.
+struct BufferDeleter {
+  HostMemory* memory = nullptr;  // null: plain aligned new
+  size_t bytes = 0;              // what was allocated
+  bool view = false;             // Wrap: nothing to free; `owner` keeps the bytes alive
+  bool page_locked = false;
+  std::shared_ptr<const void> owner;
+  void operator()(std::byte* p) const;
+};
+}  // namespace tensor_internal
+
 // A dense, row-major host tensor. Move-only. The buffer is 64-byte aligned and, if a tracker was
 // given, charged to it for the tensor's lifetime (the tracker must outlive the tensor).
 class HostTensor {
@@ -50,8 +63,17 @@ class HostTensor {
   HostTensor() = default;
   // INVALID_ARGUMENT for negative dims; RESOURCE_EXHAUSTED when the size overflows or the
   // allocation fails. Contents are uninitialised.
+  // `memory` supplies the bytes (page-locked on a GPU host); null: plain memory.
   static absl::StatusOr<HostTensor> Create(DType dtype, std::vector<int64_t> dims,
-                                           MemoryTracker* tracker = nullptr);
+                                           MemoryTracker* tracker = nullptr,
+                                           HostMemory* memory = nullptr);
+  // A tensor over memory it does not own (a caller's shared-memory region): `data` must be
+  // 64-byte aligned, hold the tensor's bytes and stay valid while `owner` (kept alive by the
+  // tensor) is held. INVALID_ARGUMENT when the tensor needs more than `bytes_available` bytes, the
+  // data is misaligned or a dim is negative.
+  static absl::StatusOr<HostTensor> Wrap(DType dtype, std::vector<int64_t> dims, std::byte* data,
+                                         size_t bytes_available,
+                                         std::shared_ptr<const void> owner);
   HostTensor(HostTensor&& other) noexcept;
   HostTensor& operator=(HostTensor&& other) noexcept;
   HostTensor(const HostTensor&) = delete;
@@ -65,6 +87,10 @@ class HostTensor {
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * DTypeSize(dtype_); }
   bool empty() const { return data_ == nullptr; }
+  // True for Wrap'ed tensors (the bytes belong to someone else).
+  bool is_view() const { return data_.get_deleter().view; }
+  // True when the bytes are page-locked (from a page-locked HostMemory).
+  bool page_locked() const { return data_.get_deleter().page_locked; }
 
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
@@ -88,9 +114,7 @@ class HostTensor {
   std::string DebugString() const;
 
  private:
-  struct Deleter {
-    void operator()(std::byte* p) const;
-  };
+  using Deleter = tensor_internal::BufferDeleter;
   DType dtype_ = DType::kF32;
   std::vector<int64_t> dims_;
   int64_t numel_ = 0;

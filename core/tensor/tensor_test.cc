@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -269,6 +270,85 @@ TEST(FillUniformTest, ValuesArePinnedAcrossPlatforms) {
   FillUniform(*big, 7);
   FillUniform(*small, 7);
   EXPECT_EQ(std::memcmp(big->data(), small->data(), small->nbytes()), 0);
+}
+
+// A HostMemory that records what it hands out and takes back.
+class CountingHostMemory final : public HostMemory {
+ public:
+  void* Allocate(size_t bytes) override {
+    ++allocations;
+    allocated_bytes += bytes;
+    return plain_.Allocate(bytes);
+  }
+  void Free(void* p, size_t bytes) override {
+    ++frees;
+    freed_bytes += bytes;
+    plain_.Free(p, bytes);
+  }
+  absl::Status Register(void*, size_t) override { return absl::OkStatus(); }
+  void Unregister(void*) override {}
+  bool page_locked() const override { return true; }
+
+  int allocations = 0, frees = 0;
+  size_t allocated_bytes = 0, freed_bytes = 0;
+
+ private:
+  PlainHostMemory plain_;
+};
+
+TEST(HostTensorTest, HostMemorySuppliesAndTakesBackTheBytes) {
+  CountingHostMemory memory;
+  MemoryTracker tracker;
+  {
+    auto t = HostTensor::Create(DType::kBF16, {3, 5, 7}, &tracker, &memory);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t->page_locked());
+    EXPECT_FALSE(t->is_view());
+    EXPECT_TRUE(IsAligned(t->data()));
+    EXPECT_EQ(memory.allocations, 1);
+    EXPECT_GE(memory.allocated_bytes, t->nbytes());
+    EXPECT_EQ(tracker.in_use_bytes(), static_cast<int64_t>(t->nbytes()));
+    HostTensor moved = *std::move(t);  // the deleter travels with the buffer
+    EXPECT_EQ(memory.frees, 0);
+  }
+  EXPECT_EQ(memory.frees, 1);
+  EXPECT_EQ(memory.freed_bytes, memory.allocated_bytes);
+  EXPECT_EQ(tracker.in_use_bytes(), 0);
+  auto plain = HostTensor::Create(DType::kF32, {4});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->page_locked());
+}
+
+TEST(HostTensorTest, WrapViewsMemoryItDoesNotOwnAndKeepsTheOwnerAlive) {
+  auto backing = std::make_shared<std::vector<float>>(64 + 16);
+  // 64-byte aligned start inside the vector.
+  auto* base = reinterpret_cast<std::byte*>(backing->data());
+  std::byte* aligned = base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
+  const size_t available = backing->size() * sizeof(float) - static_cast<size_t>(aligned - base);
+  std::weak_ptr<std::vector<float>> watch = backing;
+  {
+    auto view = HostTensor::Wrap(DType::kF32, {2, 8}, aligned, available, backing);
+    backing.reset();
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(view->is_view());
+    EXPECT_EQ(view->data(), aligned);
+    view->SetFloat(3, 2.5f);
+    EXPECT_EQ(reinterpret_cast<float*>(aligned)[3], 2.5f);
+    EXPECT_FALSE(watch.expired());  // the view holds the owner
+  }
+  EXPECT_TRUE(watch.expired());
+}
+
+TEST(HostTensorTest, WrapRefusesTooLittleMemoryAndMisalignedData) {
+  alignas(64) static std::byte buffer[256];
+  auto too_big = HostTensor::Wrap(DType::kF32, {65}, buffer, 256, nullptr);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.status().message(), HasSubstr("needs 260 bytes, only 256 available"));
+  auto misaligned = HostTensor::Wrap(DType::kF32, {4}, buffer + 4, 252, nullptr);
+  EXPECT_EQ(misaligned.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(misaligned.status().message(), HasSubstr("aligned"));
+  EXPECT_EQ(HostTensor::Wrap(DType::kF32, {-1}, buffer, 256, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

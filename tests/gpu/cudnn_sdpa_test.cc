@@ -250,8 +250,9 @@ TEST(CudnnSdpaSupportsTest, CoversDenseAndWindowOnly) {
   // Head dim not a multiple of 8; a single token.
   EXPECT_FALSE(*CudnnSdpaSupports(AttentionSpec{}, {1, 512, 4, 2, 100}, DType::kBF16));
   EXPECT_FALSE(*CudnnSdpaSupports(AttentionSpec{}, {1, 1, 4, 2, 64}, DType::kBF16));
-  // Invalid shapes are errors, not "false".
-  EXPECT_FALSE(CudnnSdpaSupports(AttentionSpec{}, {1, 512, 3, 2, 64}, DType::kBF16).ok());
+  // An invalid shape never gets here (the request's edge rejects it); debug builds assert.
+  EXPECT_DEBUG_DEATH((void)CudnnSdpaSupports(AttentionSpec{}, {1, 512, 3, 2, 64}, DType::kBF16),
+                     "precondition failed");
 }
 
 // ---- cache, workspace, errors ---------------------------------------------------------------

@@ -8,14 +8,14 @@
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
 #include "core/cuda/cudnn_sdpa/cudnn_sdpa_internal.h"
+#include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
 
 absl::StatusOr<bool> CudnnSdpaSupports(const AttentionSpec& spec, const AttentionShape& shape,
                                        DType dtype) {
-  ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
   const bool pattern_ok = std::holds_alternative<DenseSpec>(spec.pattern) ||
                           std::holds_alternative<WindowSpec>(spec.pattern);
   const bool dtype_ok = dtype == DType::kBF16 || dtype == DType::kF16;

@@ -1,0 +1,42 @@
+// HostMemory: where a host tensor's bytes come from, and how caller-owned host memory is made
+// fast for devices to copy. The CPU backend uses plain memory (PlainHostMemory). The CUDA backend
+// supplies page-locked memory from a caching pool (core/cuda/pinned_host_pool.h): copies between
+// page-locked host memory and a GPU run at the bus's rate, pageable ones at a fraction of it, so
+// every host buffer on a GPU request's path (request Q/K/V, O and LSE, staging) comes from here.
+#ifndef ATTNSERVE_CORE_TENSOR_HOST_MEMORY_H_
+#define ATTNSERVE_CORE_TENSOR_HOST_MEMORY_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+
+namespace attnserve {
+
+class HostMemory {
+ public:
+  virtual ~HostMemory() = default;
+  // At least `bytes` bytes (64-byte aligned), or nullptr when none can be had. Thread-safe.
+  virtual void* Allocate(size_t bytes) = 0;
+  // Returns a block from Allocate(bytes). Thread-safe.
+  virtual void Free(void* p, size_t bytes) = 0;
+  // Makes caller-owned memory [p, p + bytes) page-locked for device copies (a shared-memory
+  // region); Unregister undoes it. No-ops where nothing is to be gained (CPU).
+  virtual absl::Status Register(void* p, size_t bytes) = 0;
+  virtual void Unregister(void* p) = 0;
+  // Whether Allocate's blocks are page-locked.
+  virtual bool page_locked() const = 0;
+};
+
+// Plain (pageable) host memory: the CPU backend's, and the default of HostTensor::Create.
+class PlainHostMemory final : public HostMemory {
+ public:
+  void* Allocate(size_t bytes) override;
+  void Free(void* p, size_t bytes) override;
+  absl::Status Register(void*, size_t) override { return absl::OkStatus(); }
+  void Unregister(void*) override {}
+  bool page_locked() const override { return false; }
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_TENSOR_HOST_MEMORY_H_
