@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, attention_engine, "auto",
 ABSL_FLAG(std::string, flash_kernel, "auto",
           "CUDA backend: our flash kernel: auto (Hopper wgmma kernel on 9.x GPUs, else sm80) | "
           "sm80 | sm90");
+ABSL_FLAG(int64_t, pinned_host_cap_bytes, 0,
+          "CUDA backend: page-locked host memory the server may hold for request buffers and "
+          "staging (0: half of the host's memory); past it buffers are pageable (slower)");
 ABSL_FLAG(std::string, sm90_schedule, "persistent",
           "CUDA backend: the Hopper kernel's schedule: persistent | warp_specialized | "
           "single_tile");
@@ -108,6 +111,7 @@ absl::StatusOr<CudaOptions> CudaOptionsFromFlags() {
       ParseSm90Schedule(absl::GetFlag(FLAGS_sm90_schedule), "--sm90-schedule");
   if (!schedule.ok()) return schedule.status();
   options.flash.sm90_schedule = *schedule;
+  options.pinned_host_cap_bytes = absl::GetFlag(FLAGS_pinned_host_cap_bytes);
   return CudaOptionsFromEnv(options);
 }
 
@@ -152,6 +156,7 @@ int Main() {
 
   MetricsOptions metrics_options;
   metrics_options.listen = absl::GetFlag(FLAGS_metrics_listen);
+  metrics_options.host_memory = &(*pool)->device(0).host_memory();
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
       Metrics::Create(metrics_options, (*pool)->devices());
   if (!metrics.ok()) return Fail(metrics.status());

@@ -93,6 +93,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                        .Help("(max - min) / max of used bytes over the devices; 0 when max is 0")
                        .Register(r)
                        .Add({});
+  auto& copies = prometheus::BuildCounter()
+                    .Name("attnserve_device_copy_bytes_total")
+                    .Help("Bytes copied between host memory and the device (direction h2d, d2h)")
+                    .Register(r);
+  auto& pageable = prometheus::BuildCounter()
+                       .Name("attnserve_device_pageable_copy_bytes_total")
+                       .Help("Of attnserve_device_copy_bytes_total, bytes copied from or to "
+                             "pageable host memory (slow; none is expected)")
+                       .Register(r);
   for (const Device* d : devices) {
     const std::string name = d->name();
     const std::string uuid = d->uuid();
@@ -108,6 +117,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
     s.nccl_send = &nccl.Add({{"device", name}, {"direction", "send"}});
     s.nccl_recv = &nccl.Add({{"device", name}, {"direction", "recv"}});
     s.nccl_comms = &nccl_comms.Add({{"device", name}});
+    s.copy_h2d = &copies.Add({{"device", name}, {"direction", "h2d"}});
+    s.copy_d2h = &copies.Add({{"device", name}, {"direction", "d2h"}});
+    s.copy_pageable = &pageable.Add({{"device", name}});
     m->devices_.push_back(s);
   }
 
@@ -156,6 +168,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                                  .Register(r)
                                  .Add({});
 
+  m->AddDataPathSeries(r, options);
   m->hook_ = std::make_shared<ScrapeHook>(m.get());
   if (!options.listen.empty()) {
     // civetweb reports a failed bind by throwing; keep that exception inside this function.
@@ -171,6 +184,39 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
     if (!ports.empty()) m->port_ = ports.front();
   }
   return m;
+}
+
+// The request stage histograms and the host memory series.
+void Metrics::AddDataPathSeries(prometheus::Registry& r, const MetricsOptions& options) {
+  auto& stages = prometheus::BuildHistogram()
+                     .Name("attnserve_request_stage_seconds")
+                     .Help("Where successful Attend calls spent their time: receive, queue, "
+                           "compute (copy and kernel are parts of it), send")
+                     .Register(r);
+  const char* stage_names[] = {"receive", "queue", "compute", "copy", "kernel", "send"};
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    stages_[i] = &stages.Add({{"stage", stage_names[i]}}, SecondsBuckets());
+  }
+  auto& host = prometheus::BuildGauge()
+                   .Name("attnserve_host_page_locked_bytes")
+                   .Help("Page-locked host memory held for request buffers and staging (state "
+                         "in_use, cached) and caller regions registered for copies (registered)")
+                   .Register(r);
+  host_memory_ = options.host_memory;
+  host_in_use_ = &host.Add({{"state", "in_use"}});
+  host_cached_ = &host.Add({{"state", "cached"}});
+  host_registered_ = &host.Add({{"state", "registered"}});
+  host_cap_ = &prometheus::BuildGauge()
+                      .Name("attnserve_host_page_locked_cap_bytes")
+                      .Help("Cap of the page-locked host memory pool (--pinned-host-cap-bytes)")
+                      .Register(r)
+                      .Add({});
+  host_fallback_ = &prometheus::BuildCounter()
+                           .Name("attnserve_host_pageable_fallback_bytes_total")
+                           .Help("Bytes handed out as pageable memory because the page-locked "
+                                 "pool was at its cap")
+                           .Register(r)
+                           .Add({});
 }
 
 void Metrics::RecordRun(size_t device, double tokens, double flops, double busy_seconds) {
@@ -200,7 +246,23 @@ void Metrics::RecordRequest(grpc::StatusCode code, double seconds) {
   request_duration_->Observe(seconds);
 }
 
+void Metrics::RecordStages(const StageSeconds& s) {
+  const double v[] = {s.receive, s.queue, s.compute, s.copy, s.kernel, s.send};
+  for (size_t i = 0; i < stages_.size(); ++i) stages_[i]->Observe(v[i]);
+}
+
+namespace {
+
+// Adds the growth of a monotonic figure to a counter.
+void AddGrowth(prometheus::Counter* c, int64_t now, int64_t& last) {
+  if (now > last) c->Increment(static_cast<double>(now - last));
+  last = std::max(last, now);
+}
+
+}  // namespace
+
 void Metrics::Refresh() {
+  std::lock_guard<std::mutex> lock(refresh_mu_);
   int64_t max_used = 0;
   int64_t min_used = 0;
   bool first = true;
@@ -210,6 +272,9 @@ void Metrics::Refresh() {
     s.total->Set(static_cast<double>(stats.memory_total_bytes));
     s.reserved->Set(static_cast<double>(stats.memory_reserved_bytes));
     s.peak->Set(static_cast<double>(stats.memory_peak_bytes));
+    AddGrowth(s.copy_h2d, stats.copy_h2d_bytes, s.last.copy_h2d_bytes);
+    AddGrowth(s.copy_d2h, stats.copy_d2h_bytes, s.last.copy_d2h_bytes);
+    AddGrowth(s.copy_pageable, stats.pageable_copy_bytes, s.last.pageable_copy_bytes);
     max_used = first ? stats.memory_used_bytes : std::max(max_used, stats.memory_used_bytes);
     min_used = first ? stats.memory_used_bytes : std::min(min_used, stats.memory_used_bytes);
     first = false;
@@ -217,6 +282,14 @@ void Metrics::Refresh() {
   imbalance_->Set(max_used > 0
                       ? static_cast<double>(max_used - min_used) / static_cast<double>(max_used)
                       : 0.0);
+  if (host_memory_ != nullptr) {
+    const HostMemoryStats h = host_memory_->stats();
+    host_in_use_->Set(static_cast<double>(h.in_use_bytes));
+    host_cached_->Set(static_cast<double>(h.cached_bytes));
+    host_registered_->Set(static_cast<double>(h.registered_bytes));
+    host_cap_->Set(static_cast<double>(h.cap_bytes));
+    AddGrowth(host_fallback_, h.fallback_bytes, last_fallback_);
+  }
 }
 
 std::string Metrics::RenderText() {

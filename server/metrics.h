@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,19 @@ struct MetricsOptions {
   // host:port of the /metrics endpoint; port 0 picks a free one (see port()); empty: no endpoint
   // (the series still exist, RenderText() reads them).
   std::string listen = "0.0.0.0:9464";
+  // The devices' host memory (page-locked pool on a GPU host), for the host memory series; may be
+  // null. Must outlive the Metrics object.
+  const HostMemory* host_memory = nullptr;
+};
+
+// Where one Attend call's time went (attnserve_request_stage_seconds{stage}).
+struct StageSeconds {
+  double receive = 0;  // first message to last input byte
+  double queue = 0;    // waiting for admission
+  double compute = 0;  // on the devices, copies included
+  double copy = 0;     // host <-> device copies (part of compute)
+  double kernel = 0;   // attention kernels (part of compute)
+  double send = 0;     // from the result to the last response byte written
 };
 
 class Metrics {
@@ -57,6 +71,8 @@ class Metrics {
   void RecordCommBytes(size_t device, int64_t sent, int64_t received);
   // One finished Attend call.
   void RecordRequest(grpc::StatusCode code, double seconds);
+  // The stages of one successful Attend call.
+  void RecordStages(const StageSeconds& s);
   void ObserveQueueWait(double seconds) { queue_wait_->Observe(seconds); }
   void SetQueueLength(int64_t n) { queue_length_->Set(static_cast<double>(n)); }
   void AddInflight(double delta) { inflight_->Increment(delta); }
@@ -87,10 +103,15 @@ class Metrics {
     prometheus::Counter* nccl_send = nullptr;
     prometheus::Counter* nccl_recv = nullptr;
     prometheus::Counter* nccl_comms = nullptr;
+    prometheus::Counter* copy_h2d = nullptr;
+    prometheus::Counter* copy_d2h = nullptr;
+    prometheus::Counter* copy_pageable = nullptr;
+    DeviceStats last;  // counters' values at the last Refresh (the series add the difference)
   };
   class ScrapeHook;
 
   Metrics();
+  void AddDataPathSeries(prometheus::Registry& r, const MetricsOptions& options);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<ScrapeHook> hook_;
@@ -106,6 +127,15 @@ class Metrics {
   prometheus::Counter* received_bytes_ = nullptr;
   prometheus::Counter* sent_bytes_ = nullptr;
   prometheus::Counter* nccl_groups_created_ = nullptr;
+  std::array<prometheus::Histogram*, 6> stages_{};  // StageSeconds' fields, in order
+  const HostMemory* host_memory_ = nullptr;
+  prometheus::Gauge* host_in_use_ = nullptr;
+  prometheus::Gauge* host_cached_ = nullptr;
+  prometheus::Gauge* host_registered_ = nullptr;
+  prometheus::Gauge* host_cap_ = nullptr;
+  prometheus::Counter* host_fallback_ = nullptr;
+  int64_t last_fallback_ = 0;
+  std::mutex refresh_mu_;  // Refresh's differences of counters
 };
 
 }  // namespace attnserve

@@ -145,7 +145,8 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   std::array<HostTensor, 3> tensors;
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<HostTensor> t =
-        HostTensor::Create(dtype, i == 0 ? dims_q : dims_kv, options_.tracker);
+        HostTensor::Create(dtype, i == 0 ? dims_q : dims_kv, options_.tracker,
+                           options_.host_memory);
     if (!t.ok()) {
       return absl::Status(t.status().code(),
                           absl::StrCat(kTensorNames[i], ": ", t.status().message()));

@@ -25,6 +25,9 @@ struct AssemblerOptions {
   // Charged with the Q/K/V buffers for their lifetime (request-buffer memory). Not owned; may be
   // null. Must outlive the assembler and the tensors taken from it.
   MemoryTracker* tracker = nullptr;
+  // Where Q, K and V live: the devices' host memory (page-locked on a GPU host, so the copies to
+  // the device run at the bus's rate). Not owned; null: plain memory.
+  HostMemory* host_memory = nullptr;
 };
 
 // Byte ranges [start, end) received so far for one tensor, merged as they touch. Insert is

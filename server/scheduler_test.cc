@@ -35,6 +35,7 @@ class GateDevice final : public Device {
     s.memory_free_bytes = int64_t{1} << 40;
     return s;
   }
+  HostMemory& host_memory() override { return host_memory_; }
   int64_t EstimateBytes(const AttentionSpec&, const AttentionShape&, DType) const override {
     return estimate_;
   }
@@ -70,6 +71,7 @@ class GateDevice final : public Device {
   std::condition_variable cv_;
   bool open_ = false;
   int started_ = 0;
+  PlainHostMemory host_memory_;
 };
 
 struct Harness {

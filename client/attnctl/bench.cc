@@ -56,6 +56,8 @@ struct BenchStats {
   std::string backend;
   std::string ran_on;  // placement and devices of the first successful request
   double elapsed = 0;
+  // Sums over the successful calls of the server's stage figures (response header).
+  double receive = 0, queue = 0, compute = 0, copy = 0, kernel = 0;
 };
 
 BenchStats RunLoad(client::AttnClient& client, const client::AttendInput& input,
@@ -83,6 +85,11 @@ BenchStats RunLoad(client::AttnClient& client, const client::AttendInput& input,
         std::lock_guard<std::mutex> lock(mu);
         if (r.ok()) {
           stats.latencies.push_back(seconds);
+          stats.receive += r->header.receive_seconds();
+          stats.queue += r->header.queue_seconds();
+          stats.compute += r->header.compute_seconds();
+          stats.copy += r->header.copy_seconds();
+          stats.kernel += r->header.kernel_seconds();
           if (stats.backend.empty()) {
             stats.backend = r->header.backend();
             stats.ran_on =
@@ -175,6 +182,15 @@ void PrintJson(const Problem& problem, const Load& load, const BenchStats& stats
       .Set("requests_per_s", s.rps)
       .Set("tokens_per_s", s.tokens_per_s)
       .Set("latency_s", std::move(latency));
+  const double n = s.ok > 0 ? static_cast<double>(s.ok) : 1.0;
+  Json stages = Json::Object();
+  stages.Set("receive", stats.receive / n)
+      .Set("queue", stats.queue / n)
+      .Set("compute", stats.compute / n)
+      .Set("copy", stats.copy / n)
+      .Set("kernel", stats.kernel / n)
+      .Set("kernel_share_of_latency", s.mean > 0 ? stats.kernel / n / s.mean : 0.0);
+  report.Set("server_stages_mean_s", std::move(stages));
   if (outcome) {
     Json check = Json::Object();
     check.Set("o_rel", outcome->o_rel)
@@ -201,6 +217,14 @@ void PrintText(const Problem& problem, const Load& load, const BenchStats& stats
   std::printf("throughput %.2f requests/s, %.1f tokens/s\n", s.rps, s.tokens_per_s);
   std::printf("latency    p50 %.4f s, p90 %.4f s, p99 %.4f s (min %.4f, mean %.4f, max %.4f)\n",
               Percentile(l, 0.5), Percentile(l, 0.9), Percentile(l, 0.99), s.min, s.mean, s.max);
+  if (s.ok > 0) {
+    const double n = static_cast<double>(s.ok);
+    std::printf(
+        "server     mean receive %.4f s, queue %.4f s, compute %.4f s (copies %.4f s, kernel "
+        "%.4f s); kernel is %.1f%% of the mean latency\n",
+        stats.receive / n, stats.queue / n, stats.compute / n, stats.copy / n, stats.kernel / n,
+        s.mean > 0 ? 100.0 * stats.kernel / n / s.mean : 0.0);
+  }
   for (const auto& [code, count] : stats.errors) {
     std::printf("errors     %s: %" PRId64 "\n", code.c_str(), count);
   }

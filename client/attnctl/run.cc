@@ -89,6 +89,10 @@ void PrintResult(const FlagSet& flags, const Problem& problem, const client::Att
       r.total_seconds, r.upload_seconds, h.receive_seconds(), h.queue_seconds(),
       h.compute_seconds(),
       r.attempts > 1 ? absl::StrCat("; ", r.attempts, " attempts").c_str() : "");
+  // Where compute went, and how much of what the caller waited for was the kernel itself.
+  std::printf("compute    copies %.4f s (%.3f GB), kernel %.4f s; kernel is %.1f%% of end to end\n",
+              h.copy_seconds(), static_cast<double>(h.copy_bytes()) / 1e9, h.kernel_seconds(),
+              r.total_seconds > 0 ? 100.0 * h.kernel_seconds() / r.total_seconds : 0.0);
   std::printf("sparsity   %.4f (fraction of block pairs skipped)\n", h.sparsity());
   std::printf("flops      %.4g, %.2f GFLOP/s over compute time\n", h.flops(),
               h.compute_seconds() > 0 ? h.flops() / h.compute_seconds() / 1e9 : 0.0);

@@ -127,6 +127,8 @@ class CpuDevice final : public Device {
     return s;
   }
 
+  HostMemory& host_memory() override { return host_memory_; }
+
   // Inputs (q, k, v in their dtype, held while the run is on this device), outputs (O in the
   // dtype, LSE f32) and workspaces: f32 copies of q, k and v and an f32 O accumulator with its
   // row statistics. Dilated specs also hold one f32 partial (O and LSE) per branch being merged,
@@ -189,6 +191,7 @@ class CpuDevice final : public Device {
     }
     if (info != nullptr) {
       info->compute_seconds = absl::ToDoubleSeconds(end - start);
+      info->kernel_seconds = info->compute_seconds;  // no copies: the run is the kernel
       info->flops = 4.0 * static_cast<double>(shape.batch) * static_cast<double>(shape.head_dim) *
                     figures.pairs_all_heads;
       info->sparsity = figures.sparsity;
@@ -207,6 +210,7 @@ class CpuDevice final : public Device {
     ctx.kind = BackendKind::kCpu;
     ctx.name = name();
     ctx.pool = &pool_;
+    ctx.host_memory = &host_memory_;
     return task(ctx);
   }
 
@@ -214,6 +218,7 @@ class CpuDevice final : public Device {
   const int index_;
   ThreadPool pool_;
   MemoryTracker tracker_;
+  PlainHostMemory host_memory_;
   const std::string model_;
   const int64_t total_bytes_;
 };

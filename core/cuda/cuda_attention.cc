@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/pinned_host_pool.h"
 #include "core/cuda/flash_fwd/flash_fwd_head_dims.h"
 #include "core/cuda/flash_fwd/flash_fwd_launch.h"
 #include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
@@ -32,18 +34,25 @@ cudaError_t DispatchBlock(const FlashFwdParams& p, cudaStream_t stream) {
                             : RunFlashFwd<kHeadDim, 128, Elem>(p, stream);
 }
 
-// Uploads a host vector into a fresh device buffer (synchronously w.r.t. the host vector: the
-// copy is staged by the driver for pageable memory before cudaMemcpyAsync returns).
+// Uploads a host vector (layout metadata: O(blocks)) into a fresh device buffer, through a
+// page-locked staging block so that no request path copies from pageable memory. Synchronous
+// w.r.t. the staging block, which goes back to the pool when the copy is done.
 template <typename T>
 absl::StatusOr<DeviceBuffer> Upload(CachingAllocator& alloc, const std::vector<T>& host,
                                     cudaStream_t stream) {
   ATTN_ASSIGN_OR_RETURN(DeviceBuffer buf,
                         DeviceBuffer::Create(alloc, std::max<size_t>(1, host.size()) * sizeof(T)));
   if (!host.empty()) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf.get(), host.data(), host.size() * sizeof(T),
-                                         cudaMemcpyHostToDevice, stream));
-    // Pageable host memory: make sure the copy has read `host` before the caller may free it.
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    const size_t bytes = host.size() * sizeof(T);
+    PinnedHostPool& pinned = ProcessPinnedHostPool();
+    void* staging = pinned.Allocate(bytes);
+    if (staging == nullptr) return absl::ResourceExhaustedError("layout upload: no host memory");
+    std::memcpy(staging, host.data(), bytes);
+    const cudaError_t copy = cudaMemcpyAsync(buf.get(), staging, bytes, cudaMemcpyHostToDevice,
+                                             stream);
+    const cudaError_t sync = copy == cudaSuccess ? cudaStreamSynchronize(stream) : copy;
+    pinned.Free(staging, bytes);
+    CUDA_RETURN_IF_ERROR(sync);
   }
   return buf;
 }

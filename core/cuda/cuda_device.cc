@@ -16,6 +16,8 @@
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/host_copy.h"
+#include "core/cuda/pinned_host_pool.h"
 #include "core/util/status_macros.h"
 
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
@@ -143,6 +145,7 @@ class CudaDevice final : public Device {
     dev->uuid_ = UuidString(prop.uuid);
     dev->total_bytes_ = static_cast<int64_t>(prop.totalGlobalMem);
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&dev->stream_, cudaStreamNonBlocking));
+    ATTN_RETURN_IF_ERROR(dev->events_.Init());
     return dev;
   }
 
@@ -169,8 +172,13 @@ class CudaDevice final : public Device {
     s.memory_peak_bytes = a.peak_bytes;
     s.memory_total_bytes = a.total_bytes > 0 ? a.total_bytes : total_bytes_;
     s.memory_free_bytes = a.free_bytes;
+    s.copy_h2d_bytes = copies_.h2d_bytes.load(std::memory_order_relaxed);
+    s.copy_d2h_bytes = copies_.d2h_bytes.load(std::memory_order_relaxed);
+    s.pageable_copy_bytes = copies_.pageable_bytes.load(std::memory_order_relaxed);
     return s;
   }
+
+  HostMemory& host_memory() override { return ProcessPinnedHostPool(); }
 
   // Thread-safe (reads only the fixed engine mode): the scheduler calls it from other threads.
   int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
@@ -204,6 +212,7 @@ class CudaDevice final : public Device {
     ctx.cuda_ordinal = ordinal_;
     ctx.allocator = &alloc_;
     ctx.stream = stream_;
+    ctx.host_memory = &ProcessPinnedHostPool();
     absl::Status st = task(ctx);
     // As after Run: leave the stream idle so blocks the task freed are safe to reuse.
     const cudaError_t sync = cudaStreamSynchronize(stream_);
@@ -341,12 +350,11 @@ class CudaDevice final : public Device {
     ATTN_ASSIGN_OR_RETURN(AttentionOutputs out_host, MakeOutputs(shape, dtype));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dout, DeviceBuffer::Create(alloc_, out_host.o.nbytes()));
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer dlse, DeviceBuffer::Create(alloc_, out_host.lse.nbytes()));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dq.get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice, stream_));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dk.get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice, stream_));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dv.get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.inputs_start(), stream_));
+    ATTN_RETURN_IF_ERROR(CopyToDevice(dq.get(), q.data(), q.nbytes(), stream_, &copies_));
+    ATTN_RETURN_IF_ERROR(CopyToDevice(dk.get(), k.data(), k.nbytes(), stream_, &copies_));
+    ATTN_RETURN_IF_ERROR(CopyToDevice(dv.get(), v.data(), v.nbytes(), stream_, &copies_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.inputs_done(), stream_));
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
     double flops = 0, sparsity = 0;
@@ -380,13 +388,18 @@ class CudaDevice final : public Device {
       flops = plan->flops();
       sparsity = plan->sparsity();
     }
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out_host.o.data(), dout.get(), out_host.o.nbytes(),
-                                         cudaMemcpyDeviceToHost, stream_));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out_host.lse.data(), dlse.get(), out_host.lse.nbytes(),
-                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.kernels_done(), stream_));
+    ATTN_RETURN_IF_ERROR(
+        CopyToHost(out_host.o.data(), dout.get(), out_host.o.nbytes(), stream_, &copies_));
+    ATTN_RETURN_IF_ERROR(
+        CopyToHost(out_host.lse.data(), dlse.get(), out_host.lse.nbytes(), stream_, &copies_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.outputs_done(), stream_));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     if (info != nullptr) {
+      events_.Read(&info->copy_seconds, &info->kernel_seconds);
+      info->copy_bytes = static_cast<int64_t>(q.nbytes() + k.nbytes() + v.nbytes() +
+                                              out_host.o.nbytes() + out_host.lse.nbytes());
       info->flops = flops;
       info->sparsity = sparsity;
       info->engine = std::string(ChosenName(chosen));
@@ -395,11 +408,14 @@ class CudaDevice final : public Device {
     return out_host;
   }
 
+  // O and LSE in page-locked memory: the copies back run at the bus's rate.
   static absl::StatusOr<AttentionOutputs> MakeOutputs(const AttentionShape& s, DType dtype) {
+    HostMemory* pinned = &ProcessPinnedHostPool();
     AttentionOutputs out;
-    ATTN_ASSIGN_OR_RETURN(out.o,
-                          HostTensor::Create(dtype, {s.batch, s.tokens, s.q_heads, s.head_dim}));
-    ATTN_ASSIGN_OR_RETURN(out.lse, HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}));
+    ATTN_ASSIGN_OR_RETURN(out.o, HostTensor::Create(dtype, {s.batch, s.tokens, s.q_heads,
+                                                            s.head_dim}, nullptr, pinned));
+    ATTN_ASSIGN_OR_RETURN(out.lse, HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens},
+                                                      nullptr, pinned));
     return out;
   }
 
@@ -410,6 +426,8 @@ class CudaDevice final : public Device {
   std::string uuid_;
   int64_t total_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
+  RunEvents events_;           // timing of Run's copies and kernels (worker thread only)
+  HostCopyCounters copies_;    // this device's host copies (read by Stats)
   mutable CachingAllocator alloc_;
   // Worker thread only: the engine each case ran on first (cuDNN refusals are not retried).
   std::unordered_map<std::string, Chosen> remembered_;
@@ -437,6 +455,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(
   if (count == 0) return absl::UnavailableError("no CUDA device (or no driver) is available");
   if (ordinals.empty()) {
     for (int i = 0; i < count; ++i) ordinals.push_back(i);
+  }
+  if (options.pinned_host_cap_bytes > 0) {
+    ProcessPinnedHostPool().set_cap_bytes(options.pinned_host_cap_bytes);
   }
   std::vector<std::unique_ptr<Device>> devices;
   for (int ordinal : ordinals) {

@@ -6,6 +6,7 @@
 #ifndef ATTNSERVE_CORE_CUDA_CUDA_OPTIONS_H_
 #define ATTNSERVE_CORE_CUDA_CUDA_OPTIONS_H_
 
+#include <cstdint>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,9 @@ struct FlashKernelOptions {
 struct CudaOptions {
   AttentionEngine engine = AttentionEngine::kAuto;
   FlashKernelOptions flash;
+  // Page-locked host memory the process may hold for request buffers and staging
+  // (core/cuda/pinned_host_pool.h); <= 0: half of the host's physical memory.
+  int64_t pinned_host_cap_bytes = 0;
 };
 
 // Names as the flags and environment variables spell them.

@@ -20,6 +20,7 @@ struct CUstream_st;  // the CUDA runtime's stream (cudaStream_t is CUstream_st*)
 
 namespace attnserve {
 
+class HostMemory;        // core/tensor/host_memory.h
 class ThreadPool;        // core/util/thread_pool.h
 class CachingAllocator;  // core/cuda/caching_allocator.h
 
@@ -32,6 +33,7 @@ struct DeviceContext {
   int cuda_ordinal = -1;                  // CUDA: the GPU the calling thread is bound to
   CachingAllocator* allocator = nullptr;  // CUDA: the device's caching allocator
   CUstream_st* stream = nullptr;          // CUDA: the device's stream (non-blocking)
+  HostMemory* host_memory = nullptr;      // the device's host memory (page-locked on CUDA)
 };
 using DeviceTask = std::function<absl::Status(DeviceContext& ctx)>;
 
@@ -46,6 +48,10 @@ class Device {
   virtual bool HeadDimSupported(int64_t head_dim) const = 0;
   // Thread-safe: read by the metrics thread.
   virtual DeviceStats Stats() const = 0;
+  // Where host buffers that this device copies from or to should live (request inputs, outputs,
+  // staging): page-locked memory on a CUDA device, plain memory on a CPU device. Thread-safe;
+  // outlives every tensor allocated from it.
+  virtual HostMemory& host_memory() = 0;
   // Bytes this device needs to run the request (inputs, outputs, workspaces), for admission.
   virtual int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
                                 DType dtype) const = 0;

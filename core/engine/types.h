@@ -35,6 +35,10 @@ struct DeviceStats {
   int64_t memory_peak_bytes = 0;      // peak of used since start
   int64_t memory_total_bytes = 0;     // device capacity (CPU: MemTotal share)
   int64_t memory_free_bytes = 0;      // cudaMemGetInfo free (CPU: MemAvailable)
+  // Host <-> device copies since start (CUDA; zero on CPU devices).
+  int64_t copy_h2d_bytes = 0;
+  int64_t copy_d2h_bytes = 0;
+  int64_t pageable_copy_bytes = 0;  // of the above, from/to pageable host memory
 };
 
 // What a run may be interrupted by.
@@ -46,6 +50,9 @@ struct RunControl {
 // Figures of one run, for the response header and the metrics.
 struct RunInfo {
   double compute_seconds = 0;  // wall time on the device including copies
+  double copy_seconds = 0;     // host <-> device copies (CUDA events; 0 on CPU devices)
+  double kernel_seconds = 0;   // the attention kernels alone (CUDA events; CPU: the compute)
+  int64_t copy_bytes = 0;      // bytes copied host <-> device
   double flops = 0;            // 4 * B * Hq * D * admitted pairs
   double sparsity = 0;         // skipped (query block, key block) pairs
   std::string engine;          // the kernels that ran: "cudnn" or "flash_fwd" on a CUDA device;

@@ -7,10 +7,21 @@
 #define ATTNSERVE_CORE_TENSOR_HOST_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 
 namespace attnserve {
+
+// What a HostMemory holds (all zero for plain memory).
+struct HostMemoryStats {
+  int64_t in_use_bytes = 0;      // page-locked blocks handed out
+  int64_t cached_bytes = 0;      // page-locked blocks kept for reuse
+  int64_t registered_bytes = 0;  // caller memory page-locked with Register
+  int64_t fallback_bytes = 0;    // total bytes handed out pageable because of a cap
+  int64_t cap_bytes = 0;
+  int64_t allocations = 0;  // page-locking allocations made (a steady state makes none)
+};
 
 class HostMemory {
  public:
@@ -25,6 +36,8 @@ class HostMemory {
   virtual void Unregister(void* p) = 0;
   // Whether Allocate's blocks are page-locked.
   virtual bool page_locked() const = 0;
+  // Thread-safe.
+  virtual HostMemoryStats stats() const { return {}; }
 };
 
 // Plain (pageable) host memory: the CPU backend's, and the default of HostTensor::Create.

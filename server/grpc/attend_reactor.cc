@@ -167,11 +167,11 @@ class AttentionServiceImpl::AttendReactor final
     const AttentionShape& sh = assembler_.shape();
     const std::string line = absl::StrFormat(
         "attend id=%s shape=[%d, %d, %d/%d, %d] %s spec=%s code=%s receive=%.3fs queue=%.3fs "
-        "compute=%.3fs total=%.3fs devices=%s%s%s",
+        "compute=%.3fs (copy=%.4fs kernel=%.4fs) total=%.3fs devices=%s%s%s",
         request_id_.empty() ? "-" : request_id_, sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
         sh.head_dim, assembler_.has_header() ? std::string(DTypeName(assembler_.dtype())) : "-",
         assembler_.has_header() ? SpecSummary(assembler_.spec()) : "-", GrpcCodeName(code),
-        receive_seconds_, queue_seconds_, compute_seconds_, total,
+        receive_seconds_, queue_seconds_, compute_seconds_, copy_seconds_, kernel_seconds_, total,
         devices_.empty() ? "-" : absl::StrJoin(devices_, ","),
         status.ok() ? "" : " error=", status.ok() ? "" : std::string(status.message()));
     if (status.ok()) {
@@ -195,6 +195,7 @@ class AttentionServiceImpl::AttendReactor final
   static AssemblerOptions AssemblerLimits(AttentionServiceImpl* service) {
     AssemblerOptions o = service->options_.limits;
     o.tracker = &service->request_memory_;
+    o.host_memory = &service->pool_->device(0).host_memory();
     return o;
   }
 
@@ -268,6 +269,8 @@ class AttentionServiceImpl::AttendReactor final
       job_.reset();
       queue_seconds_ = result.queue_seconds;
       compute_seconds_ = result.info.compute_seconds;
+      copy_seconds_ = result.info.copy_seconds;
+      kernel_seconds_ = result.info.kernel_seconds;
       devices_ = result.devices;
       if (!final_) {
         if (!result.status.ok()) {
@@ -316,6 +319,9 @@ class AttentionServiceImpl::AttendReactor final
       r->set_receive_seconds(receive_seconds_);
       r->set_queue_seconds(result_.queue_seconds);
       r->set_compute_seconds(result_.info.compute_seconds);
+      r->set_copy_seconds(result_.info.copy_seconds);
+      r->set_kernel_seconds(result_.info.kernel_seconds);
+      r->set_copy_bytes(result_.info.copy_bytes);
       r->set_sparsity(result_.info.sparsity);
       r->set_flops(result_.info.flops);
     } else {
@@ -360,8 +366,19 @@ class AttentionServiceImpl::AttendReactor final
   // The request counters of this call: exactly once, at Finish (or at OnDone if it never came).
   void RecordOutcome(grpc::StatusCode code) {
     recorded_ = true;
-    service_->metrics_->RecordRequest(code, absl::ToDoubleSeconds(absl::Now() - start_));
+    const double total = absl::ToDoubleSeconds(absl::Now() - start_);
+    service_->metrics_->RecordRequest(code, total);
     service_->metrics_->AddInflight(-1);
+    if (code == grpc::StatusCode::OK) {
+      StageSeconds s;
+      s.receive = receive_seconds_;
+      s.queue = queue_seconds_;
+      s.compute = compute_seconds_;
+      s.copy = copy_seconds_;
+      s.kernel = kernel_seconds_;
+      s.send = std::max(0.0, total - receive_seconds_ - queue_seconds_ - compute_seconds_);
+      service_->metrics_->RecordStages(s);
+    }
   }
 
   // Runs the decided operations outside mu_. Nothing touches `this` after Finish.
@@ -409,6 +426,8 @@ class AttentionServiceImpl::AttendReactor final
   double receive_seconds_ = 0;
   double queue_seconds_ = 0;
   double compute_seconds_ = 0;
+  double copy_seconds_ = 0;
+  double kernel_seconds_ = 0;
   std::vector<std::string> devices_;
 };
 
