@@ -68,13 +68,17 @@ DataParallelSplit SplitDataParallel(const AttentionSpec& spec, const AttentionSh
 
 absl::StatusOr<DataParallelShare> GatherShare(const DataParallelSplit& split, TokenRange units,
                                               const HostTensor& q, const HostTensor& k,
-                                              const HostTensor& v, MemoryTracker* tracker) {
+                                              const HostTensor& v, MemoryTracker* tracker,
+                                              HostMemory* memory) {
   const ShareGeometry s(split, q, k);
   const int64_t U = units.size();
   DataParallelShare share;
-  ATTN_ASSIGN_OR_RETURN(share.q, HostTensor::Create(q.dtype(), {U, s.n, s.c * s.g, s.d}, tracker));
-  ATTN_ASSIGN_OR_RETURN(share.k, HostTensor::Create(q.dtype(), {U, s.n, s.c, s.d}, tracker));
-  ATTN_ASSIGN_OR_RETURN(share.v, HostTensor::Create(q.dtype(), {U, s.n, s.c, s.d}, tracker));
+  ATTN_ASSIGN_OR_RETURN(share.q,
+                        HostTensor::Create(q.dtype(), {U, s.n, s.c * s.g, s.d}, tracker, memory));
+  ATTN_ASSIGN_OR_RETURN(share.k,
+                        HostTensor::Create(q.dtype(), {U, s.n, s.c, s.d}, tracker, memory));
+  ATTN_ASSIGN_OR_RETURN(share.v,
+                        HostTensor::Create(q.dtype(), {U, s.n, s.c, s.d}, tracker, memory));
   for (int64_t u = 0; u < U; ++u) {
     const int64_t b = (units.begin + u) / s.blocks;
     const int64_t kv0 = (units.begin + u) % s.blocks * s.c;
@@ -138,7 +142,8 @@ absl::StatusOr<AttentionOutputs> DataParallelAttention(const AttentionSpec& spec
     if (units.size() == 0) continue;
     workers.emplace_back([&, dev, units] {
       status[dev] = [&]() -> absl::Status {
-        ATTN_ASSIGN_OR_RETURN(DataParallelShare share, GatherShare(split, units, q, k, v, tracker));
+        ATTN_ASSIGN_OR_RETURN(DataParallelShare share,
+                              GatherShare(split, units, q, k, v, tracker, /*memory=*/nullptr));
         ATTN_ASSIGN_OR_RETURN(AttentionOutputs part, fn(dev, spec, share.q, share.k, share.v));
         return ScatterShare(units, part, o, lse);
       }();

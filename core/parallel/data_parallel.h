@@ -32,10 +32,13 @@ DataParallelSplit SplitDataParallel(const AttentionSpec& spec, const AttentionSh
 struct DataParallelShare {
   HostTensor q, k, v;
 };
-// Copies the units `units` of (q, k, v) out of the request's tensors. `tracker` may be null.
+// Copies the units `units` of (q, k, v) out of the request's tensors into tensors allocated from
+// `memory` (the device's Device::host_memory(), page-locked on a GPU, so the device copies the
+// share asynchronously; null: plain memory). `tracker` may be null.
 absl::StatusOr<DataParallelShare> GatherShare(const DataParallelSplit& split, TokenRange units,
                                               const HostTensor& q, const HostTensor& k,
-                                              const HostTensor& v, MemoryTracker* tracker);
+                                              const HostTensor& v, MemoryTracker* tracker,
+                                              HostMemory* memory);
 // Writes a share's outputs (O [U, N, c*g, D], LSE [U, c*g, N]) into the request's O [B, N, Hq, D]
 // and LSE [B, Hq, N]. INTERNAL when the share's outputs do not have the share's shape.
 absl::Status ScatterShare(TokenRange units, const AttentionOutputs& part, HostTensor& o,

@@ -1,5 +1,6 @@
 #include "core/parallel/dilated_ring_cuda.h"
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -13,10 +14,24 @@
 namespace attnserve {
 namespace {
 
+// bf16 copy of an f32 tensor, page-locked (the local parts and rings copy from it).
 absl::StatusOr<HostTensor> ToBf16Copy(const HostTensor& t) {
-  ATTN_ASSIGN_OR_RETURN(HostTensor out, HostTensor::Create(DType::kBF16, t.dims()));
+  ATTN_ASSIGN_OR_RETURN(HostTensor out, PinnedHostTensor(DType::kBF16, t.dims()));
   out.FromFloat32(t.data_as<float>());
   return out;
+}
+
+// Enqueues the upload of `t` into `dst` on `stream`: straight from `t` when it is page-locked,
+// else from a page-locked copy made into `stage` (hold it until the stream is synchronized).
+absl::Status Upload(const HostTensor& t, void* dst, cudaStream_t stream, HostCopyCounters* counters,
+                    HostTensor& stage) {
+  const void* src = t.data();
+  if (!CopiesAsync(t)) {
+    ATTN_ASSIGN_OR_RETURN(stage, PinnedHostTensor(t.dtype(), t.dims()));
+    std::memcpy(stage.data(), t.data(), t.nbytes());
+    src = stage.data();
+  }
+  return CopyToDevice(dst, src, t.nbytes(), stream, counters);
 }
 
 // A rank's own allocator and stream for its local parts. Used by one thread at a time (the
@@ -44,26 +59,26 @@ struct RankResources {
 
 }  // namespace
 
-absl::StatusOr<AttentionOutputs> RunAttentionOnCudaDevice(const AttentionSpec& spec,
-                                                          const HostTensor& q, const HostTensor& k,
-                                                          const HostTensor& v,
-                                                          CachingAllocator& alloc,
-                                                          cudaStream_t stream, int32_t block_size,
-                                                          const std::atomic<bool>* cancel) {
+absl::StatusOr<AttentionOutputs> RunAttentionOnCudaDevice(
+    const AttentionSpec& spec, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+    CachingAllocator& alloc, cudaStream_t stream, int32_t block_size,
+    const std::atomic<bool>* cancel, HostCopyCounters* counters) {
   ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
   ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
   CUDA_RETURN_IF_ERROR(cudaSetDevice(alloc.device()));
   const DType dtype = q.dtype();
   AttentionOutputs out;
-  ATTN_ASSIGN_OR_RETURN(out.o, HostTensor::Create(dtype, q.dims()));
-  ATTN_ASSIGN_OR_RETURN(
-      out.lse, HostTensor::Create(DType::kF32, {shape.batch, shape.q_heads, shape.tokens}));
+  // Page-locked outputs: the copies back are asynchronous on `stream`.
+  ATTN_ASSIGN_OR_RETURN(out.o, PinnedHostTensor(dtype, q.dims()));
+  ATTN_ASSIGN_OR_RETURN(out.lse,
+                        PinnedHostTensor(DType::kF32, {shape.batch, shape.q_heads, shape.tokens}));
   CudaAttentionPlan::Options plan_options;
   plan_options.compile.block_size = block_size;
-  // Buffers outlive the stream synchronization below (the allocator may hand a block out again
-  // as soon as it is freed).
+  // Buffers and staging blocks outlive the stream synchronization below (the allocator and the
+  // pool may hand a block out again as soon as it is freed).
   std::unique_ptr<CudaAttentionPlan> plan;
   DeviceBuffer dq, dk, dv, dout, dlse;
+  HostTensor q_stage, k_stage, v_stage;
   absl::Status st = [&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(
         plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc, stream, nullptr, plan_options));
@@ -72,18 +87,14 @@ absl::StatusOr<AttentionOutputs> RunAttentionOnCudaDevice(const AttentionSpec& s
     ATTN_ASSIGN_OR_RETURN(dv, DeviceBuffer::Create(alloc, v.nbytes()));
     ATTN_ASSIGN_OR_RETURN(dout, DeviceBuffer::Create(alloc, out.o.nbytes()));
     ATTN_ASSIGN_OR_RETURN(dlse, DeviceBuffer::Create(alloc, out.lse.nbytes()));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dq.get(), q.data(), q.nbytes(), cudaMemcpyHostToDevice, stream));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dk.get(), k.data(), k.nbytes(), cudaMemcpyHostToDevice, stream));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dv.get(), v.data(), v.nbytes(), cudaMemcpyHostToDevice, stream));
+    ATTN_RETURN_IF_ERROR(Upload(q, dq.get(), stream, counters, q_stage));
+    ATTN_RETURN_IF_ERROR(Upload(k, dk.get(), stream, counters, k_stage));
+    ATTN_RETURN_IF_ERROR(Upload(v, dv.get(), stream, counters, v_stage));
     ATTN_RETURN_IF_ERROR(
         plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(), stream, cancel));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(out.o.data(), dout.get(), out.o.nbytes(), cudaMemcpyDeviceToHost, stream));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.lse.data(), dlse.get(), out.lse.nbytes(),
-                                         cudaMemcpyDeviceToHost, stream));
+    ATTN_RETURN_IF_ERROR(CopyToHost(out.o.data(), dout.get(), out.o.nbytes(), stream, counters));
+    ATTN_RETURN_IF_ERROR(
+        CopyToHost(out.lse.data(), dlse.get(), out.lse.nbytes(), stream, counters));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
@@ -149,7 +160,7 @@ absl::StatusOr<AttentionOutputs> DilatedRingAttentionCuda(
     RankResources& r = ranks[rank];
     ATTN_RETURN_IF_ERROR(r.Init());
     return RunAttentionOnCudaDevice(part_spec, jq, jk, jv, *r.alloc, r.stream, block,
-                                    options.cancel);
+                                    options.cancel, options.copy_counters);
   };
 
   DilatedRingStats st;
@@ -158,7 +169,7 @@ absl::StatusOr<AttentionOutputs> DilatedRingAttentionCuda(
   st.ring_bytes_moved = nccl_bytes;
   if (stats != nullptr) *stats = st;
   if (f32) {
-    ATTN_ASSIGN_OR_RETURN(HostTensor o32, HostTensor::Create(DType::kF32, out.o.dims()));
+    ATTN_ASSIGN_OR_RETURN(HostTensor o32, PinnedHostTensor(DType::kF32, out.o.dims()));
     out.o.ToFloat32(o32.data_as<float>());
     out.o = std::move(o32);
   }

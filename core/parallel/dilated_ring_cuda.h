@@ -28,11 +28,13 @@ namespace attnserve {
 // device to alloc.device(). `stream` must belong to that device. f32 inputs compute in bf16
 // (CudaAttentionPlan converts on the device). What the dilated composition's local parts run;
 // a service worker can call it inside Device::RunTask (core/engine/device.h) with its
-// DeviceContext's allocator and stream.
+// DeviceContext's allocator and stream. Every copy is asynchronous on `stream` and counted in
+// `counters` (may be null): O and LSE are page-locked (ProcessPinnedHostPool), inputs are copied
+// straight from q/k/v when page-locked, else through page-locked staging copies.
 absl::StatusOr<AttentionOutputs> RunAttentionOnCudaDevice(
     const AttentionSpec& spec, const HostTensor& q, const HostTensor& k, const HostTensor& v,
     CachingAllocator& alloc, cudaStream_t stream, int32_t block_size,
-    const std::atomic<bool>* cancel = nullptr);
+    const std::atomic<bool>* cancel = nullptr, HostCopyCounters* counters = nullptr);
 
 // Any dilated spec over `devices` (rank i on devices[i]): q [B, N, Hq, D], k/v [B, N, Hkv, D] on
 // the host (f32, f16 or bf16; f32 computes in bf16 as RingAttentionCuda does: bf16 copies are

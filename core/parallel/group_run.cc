@@ -1,6 +1,7 @@
 #include "core/parallel/group_run.h"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,27 +45,41 @@ class SingleStrategy final : public GroupStrategy {
   RunInfo info_;
 };
 
-// Batch x KV-head units over the devices: each rank gathers its share, runs it on its device and
-// scatters O/LSE into the request's outputs (disjoint regions, so no lock).
+// Batch x KV-head units over the devices: each rank gathers its share into its device's host
+// memory (page-locked on a GPU), runs it on its device and scatters O/LSE into the request's
+// outputs (disjoint regions, so no lock). O/LSE come from the host memory of the first rank to
+// arrive (SetUp sees no device; every device of a group has the same kind, so any rank's is the
+// group's), allocated once before any rank scatters.
 class DataParallelStrategy final : public GroupStrategy {
  public:
   DataParallelStrategy(AttentionRequest& request, int ranks)
       : request_(request), ranks_(ranks), infos_(ranks) {}
 
   absl::Status SetUp() override {
-    const AttentionShape& s = request_.shape;
-    split_ = SplitDataParallel(request_.spec, s, ranks_);
-    ATTN_ASSIGN_OR_RETURN(o_, HostTensor::Create(request_.q.dtype(), request_.q.dims(), nullptr));
-    ATTN_ASSIGN_OR_RETURN(lse_,
-                          HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}, nullptr));
+    split_ = SplitDataParallel(request_.spec, request_.shape, ranks_);
     return absl::OkStatus();
   }
 
   absl::Status RunRank(int rank, Device& device, WorkerComms*, RankFigures& figures) override {
+    HostMemory* memory = &device.host_memory();
+    std::call_once(outputs_once_, [&] {
+      const AttentionShape& s = request_.shape;
+      absl::StatusOr<HostTensor> o =
+          HostTensor::Create(request_.q.dtype(), request_.q.dims(), nullptr, memory);
+      absl::StatusOr<HostTensor> lse =
+          HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens}, nullptr, memory);
+      outputs_status_ = !o.ok() ? o.status() : lse.status();
+      if (outputs_status_.ok()) {
+        o_ = *std::move(o);
+        lse_ = *std::move(lse);
+      }
+    });
+    ATTN_RETURN_IF_ERROR(outputs_status_);
     const TokenRange units = split_.per_device[rank];
     if (units.size() == 0) return absl::OkStatus();
-    ATTN_ASSIGN_OR_RETURN(DataParallelShare share,
-                          GatherShare(split_, units, request_.q, request_.k, request_.v, nullptr));
+    ATTN_ASSIGN_OR_RETURN(
+        DataParallelShare share,
+        GatherShare(split_, units, request_.q, request_.k, request_.v, nullptr, memory));
     ATTN_ASSIGN_OR_RETURN(
         AttentionOutputs part,
         device.Run(request_.spec, share.q, share.k, share.v, request_.control(), &infos_[rank]));
@@ -93,6 +108,8 @@ class DataParallelStrategy final : public GroupStrategy {
   AttentionRequest& request_;
   const int ranks_;
   DataParallelSplit split_;
+  std::once_flag outputs_once_;
+  absl::Status outputs_status_;  // written once under outputs_once_
   HostTensor o_, lse_;
   std::vector<RunInfo> infos_;
 };

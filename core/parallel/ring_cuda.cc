@@ -11,6 +11,7 @@
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
+#include "core/cuda/pinned_host_pool.h"
 #include "core/util/status_macros.h"
 #if ATTNSERVE_HAVE_CUDNN_FRONTEND
 #include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
@@ -19,19 +20,13 @@
 namespace attnserve {
 namespace {
 
-// A buffer of `bytes` (its size in the rank's buffer table) holding `host`, copied synchronously.
+// Appends `host` to the layout staging bytes at an 8-byte aligned offset; returns that offset.
 template <typename T>
-absl::StatusOr<DeviceBuffer> UploadSync(CachingAllocator& alloc, int64_t bytes,
-                                        const std::vector<T>& host) {
-  if (static_cast<int64_t>(host.size() * sizeof(T)) > bytes) {
-    return absl::InternalError("ring (CUDA): layout data larger than its planned buffer");
-  }
-  ATTN_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Create(alloc, bytes));
-  if (!host.empty()) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(buf.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  return buf;
+size_t AppendLayout(std::vector<std::byte>& bytes, const std::vector<T>& host) {
+  const size_t at = (bytes.size() + 7) / 8 * 8;
+  bytes.resize(at + host.size() * sizeof(T));
+  if (!host.empty()) std::memcpy(bytes.data() + at, host.data(), host.size() * sizeof(T));
+  return at;
 }
 
 }  // namespace
@@ -213,20 +208,24 @@ absl::Status RingCudaRank::Init(const RingCudaPlan& plan, const AttentionShape& 
     if (options.cuda.engine != AttentionEngine::kOwn) cudnn_ = SharedRingCudnn(device);
   }
 
-  // Every layout piece of this rank's ticks, uploaded once.
+  // Every layout piece of this rank's ticks, uploaded once (stream-ordered before the ticks).
+  return UploadLayouts(table);
+}
+
+absl::Status RingCudaRank::UploadLayouts(const RingRankBuffers& table) {
   std::vector<int64_t> row_ptr;
   std::vector<int32_t> col_idx;
   std::vector<uint8_t> mask;
   int64_t max_q_blocks = 1;
-  const int64_t ticks = plan.ticks();
+  const int64_t ticks = plan_->ticks();
   piece_offsets_.assign(ticks, {});
   for (int64_t t = 0; t < ticks; ++t) {
-    for (const RingPiece& piece : plan.steps[rank][t].pieces) {
-      max_q_blocks = std::max(max_q_blocks, NumBlocks(piece.q.size(), plan.block_size));
+    for (const RingPiece& piece : plan_->steps[rank_][t].pieces) {
+      max_q_blocks = std::max(max_q_blocks, NumBlocks(piece.q.size(), plan_->block_size));
       piece_offsets_[t].push_back(
           {static_cast<int64_t>(row_ptr.size()), static_cast<int64_t>(col_idx.size())});
       if (piece.kind != RingPieceKind::kLayout) continue;
-      if (piece.layout.tile != plan.block_size) {
+      if (piece.layout.tile != plan_->block_size) {
         return absl::InternalError("ring (CUDA): piece layout tile != kernel block size");
       }
       row_ptr.insert(row_ptr.end(), piece.layout.row_ptr.begin(), piece.layout.row_ptr.end());
@@ -240,14 +239,32 @@ absl::Status RingCudaRank::Init(const RingCudaPlan& plan, const AttentionShape& 
   for (int64_t i = 0; i < max_q_blocks; ++i)
     reverse[i] = static_cast<int32_t>(max_q_blocks - 1 - i);
   reverse_rows_len_ = max_q_blocks;
-  ATTN_ASSIGN_OR_RETURN(row_ptr_, UploadSync(a, table.row_ptr, row_ptr));
-  ATTN_ASSIGN_OR_RETURN(col_idx_, UploadSync(a, table.col_idx, col_idx));
-  ATTN_ASSIGN_OR_RETURN(mask_, UploadSync(a, table.mask, mask));
-  ATTN_ASSIGN_OR_RETURN(reverse_rows_, UploadSync(a, table.reverse_rows, reverse));
-
-  // cudaMemcpy from pageable memory runs on the legacy default stream, which the non-blocking
-  // compute stream does not wait for: finish it here.
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  if (static_cast<int64_t>(row_ptr.size() * sizeof(int64_t)) > table.row_ptr ||
+      static_cast<int64_t>(col_idx.size() * sizeof(int32_t)) > table.col_idx ||
+      static_cast<int64_t>(mask.size()) > table.mask ||
+      static_cast<int64_t>(reverse.size() * sizeof(int32_t)) > table.reverse_rows) {
+    return absl::InternalError("ring (CUDA): layout data larger than its planned buffer");
+  }
+  std::vector<std::byte> bytes;
+  const size_t at[4] = {AppendLayout(bytes, row_ptr), AppendLayout(bytes, col_idx),
+                        AppendLayout(bytes, mask), AppendLayout(bytes, reverse)};
+  const size_t len[4] = {row_ptr.size() * sizeof(int64_t), col_idx.size() * sizeof(int32_t),
+                         mask.size(), reverse.size() * sizeof(int32_t)};
+  CachingAllocator& a = *alloc_;
+  ATTN_ASSIGN_OR_RETURN(row_ptr_, DeviceBuffer::Create(a, table.row_ptr));
+  ATTN_ASSIGN_OR_RETURN(col_idx_, DeviceBuffer::Create(a, table.col_idx));
+  ATTN_ASSIGN_OR_RETURN(mask_, DeviceBuffer::Create(a, table.mask));
+  ATTN_ASSIGN_OR_RETURN(reverse_rows_, DeviceBuffer::Create(a, table.reverse_rows));
+  // One page-locked block for all four, held until the destructor synchronized the stream (the
+  // copies run on the rank's stream, ahead of every tick).
+  const int64_t words = static_cast<int64_t>(bytes.size() + 3) / 4;  // f32 words: no byte dtype
+  ATTN_ASSIGN_OR_RETURN(layout_stage_, PinnedHostTensor(DType::kF32, {words}));
+  if (!bytes.empty()) std::memcpy(layout_stage_.data(), bytes.data(), bytes.size());
+  DeviceBuffer* dst[4] = {&row_ptr_, &col_idx_, &mask_, &reverse_rows_};
+  for (int i = 0; i < 4; ++i) {
+    ATTN_RETURN_IF_ERROR(CopyToDevice(dst[i]->get(), layout_stage_.data() + at[i], len[i], stream_,
+                                      options_.copy_counters));
+  }
   return absl::OkStatus();
 }
 
@@ -319,33 +336,51 @@ void* RingCudaRank::v() const {
 
 absl::Status RingCudaRank::SetKv(const void* k, const void* v) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // no queued work reads the old K/V
-  const int64_t b = shape_.batch, nl = shard_tokens();
+  // The shard itself: batch item bi's rows are rows [bi * nl, (bi + 1) * nl) of k and v.
+  const std::vector<ShardRowBlock> blocks =
+      ShardRowBlocks({TokenRange{0, shard_tokens()}}, shape_.batch, shard_tokens());
+  // cudaMemcpyDefault: k and v may be host or device memory (not counted: not a request path).
+  RingCopyQueue queue(cudaMemcpyDefault, stream_, nullptr);
+  ATTN_RETURN_IF_ERROR(CopyKvRows(KvPart::kK, k, blocks, queue));
+  ATTN_RETURN_IF_ERROR(CopyKvRows(KvPart::kV, v, blocks, queue));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status RingCudaRank::EnqueueKvRows(KvPart part, const void* rows,
+                                         const std::vector<ShardRowBlock>& blocks) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  RingCopyQueue queue(cudaMemcpyHostToDevice, stream_, options_.copy_counters);
+  return CopyKvRows(part, rows, blocks, queue);
+}
+
+// Every schedule starts a run with the rank's own piece j in slot j, packed [K_j | V_j] of
+// [B, t_j, Hkv, D] each: piece j's rows of batch item bi are shard rows [row_j, row_j + t_j).
+// Stream-ordered on stream_ after any queued work that reads the slots (the communicator's
+// transfers are waited for on stream_ too).
+absl::Status RingCudaRank::CopyKvRows(KvPart part, const void* rows,
+                                      const std::vector<ShardRowBlock>& blocks,
+                                      RingCopyQueue& queue) {
+  const int64_t b = shape_.batch;
   const int64_t row = shape_.kv_heads * shape_.head_dim * static_cast<int64_t>(DTypeSize(dtype_));
-  // Every schedule starts a run with the rank's own piece j in slot j, packed [K_j | V_j].
+  const std::byte* src = static_cast<const std::byte*>(rows);
   const std::vector<RingChunk>& pieces = plan_->kv_piece[rank_];
   for (int j = 0; j < static_cast<int>(pieces.size()); ++j) {
-    const int64_t t = pieces[j].tokens;
+    const int64_t t = pieces[j].tokens, begin = pieces[j].row;
     if (t == 0 || b == 0) continue;
-    std::byte* dst = static_cast<std::byte*>(Slot(j));
-    const std::byte* ks = static_cast<const std::byte*>(k) + pieces[j].row * row;
-    const std::byte* vs = static_cast<const std::byte*>(v) + pieces[j].row * row;
-    if (t == nl) {  // the whole shard: K and V are one copy each
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, ks, b * t * row, cudaMemcpyDefault));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + b * t * row, vs, b * t * row, cudaMemcpyDefault));
-      continue;
+    std::byte* dst = static_cast<std::byte*>(Slot(j)) + (part == KvPart::kV ? b * t * row : 0);
+    for (const ShardRowBlock& blk : blocks) {
+      // The block's rows that fall in piece j.
+      const int64_t lo = std::max(begin, blk.local_row);
+      const int64_t hi = std::min(begin + t, blk.local_row + blk.tokens);
+      if (lo >= hi) continue;
+      ATTN_RETURN_IF_ERROR(queue.Add(dst + (blk.batch * t + lo - begin) * row,
+                                     src + (blk.host_row + lo - blk.local_row) * row,
+                                     (hi - lo) * row));
     }
-    // Rows [row, row + t) of every batch (one copy per batch: a 2D copy's pitch is capped at
-    // 2^31 bytes, which a long shard exceeds).
-    for (int64_t bi = 0; bi < b; ++bi) {
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(dst + bi * t * row, ks + bi * nl * row, t * row, cudaMemcpyDefault));
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(dst + (b + bi) * t * row, vs + bi * nl * row, t * row, cudaMemcpyDefault));
-    }
+    // Slots are separate allocations: never merge a copy across two of them.
+    ATTN_RETURN_IF_ERROR(queue.Flush());
   }
-  // The copies ran on the legacy default stream; the rank's stream may be non-blocking.
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@
 #include "core/engine/types.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_options.h"
+#include "core/cuda/host_copy.h"
 #include "core/parallel/nccl_communicator.h"
 #include "core/parallel/ring_cuda_plan.h"
 #include "core/spec/attention_spec.h"
@@ -64,7 +65,56 @@ struct RingCudaOptions {
   absl::Duration transfer_timeout = absl::Seconds(120);
   absl::Duration init_timeout = absl::Seconds(120);
   const std::atomic<bool>* cancel = nullptr;  // polled while waiting for transfers
+  // Every rank's host <-> device copies (CopyToDevice / CopyToHost), for metrics and tests; may
+  // be null. Shared by the ranks (the counters are atomic).
+  HostCopyCounters* copy_counters = nullptr;
 };
+
+// ---- Host copies of the GPU ring (and the dilated composition) ---------------------------------
+// Every host buffer the ring copies from or to is page-locked: the request's own tensors when they
+// are (the server's are), else a staging block of ProcessPinnedHostPool(); the ring's outputs and
+// bf16 conversions come from that pool. Copies are asynchronous on the rank's stream.
+
+// Rows [local_row, local_row + tokens) of batch item `batch` of a rank's shard are rows
+// [host_row, host_row + tokens) of a host array of token rows (a [B, N, H, D] tensor is B * N
+// rows of H * D elements).
+struct ShardRowBlock {
+  int64_t batch = 0;
+  int64_t local_row = 0;
+  int64_t tokens = 0;
+  int64_t host_row = 0;
+};
+// Where a shard made of `ranges` (concatenated in order) lies in a [batch, n, H, D] tensor: one
+// block per (batch item, non-empty range).
+std::vector<ShardRowBlock> ShardRowBlocks(const std::vector<TokenRange>& ranges, int64_t batch,
+                                          int64_t n);
+
+// Queues copies on a stream, merging a copy that continues the previous one on both sides into
+// it (the row blocks of consecutive ranges or batch items become one copy). Host -> device and
+// device -> host copies go through CopyToDevice / CopyToHost (counted in `counters`, may be
+// null); other kinds through cudaMemcpyAsync. Flush() after the last Add; the memory named must
+// stay valid until the stream is synchronized.
+class RingCopyQueue {
+ public:
+  RingCopyQueue(cudaMemcpyKind kind, cudaStream_t stream, HostCopyCounters* counters)
+      : kind_(kind), stream_(stream), counters_(counters) {}
+  absl::Status Add(void* dst, const void* src, size_t bytes);
+  absl::Status Flush();
+
+ private:
+  const cudaMemcpyKind kind_;
+  const cudaStream_t stream_;
+  HostCopyCounters* const counters_;
+  std::byte* dst_ = nullptr;
+  const std::byte* src_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A host tensor in page-locked memory from ProcessPinnedHostPool() (pageable only when the pool
+// is over its cap, which the pool counts).
+absl::StatusOr<HostTensor> PinnedHostTensor(DType dtype, std::vector<int64_t> dims);
+// Whether the device can copy `t` asynchronously (page-locked: pool memory or registered).
+bool CopiesAsync(const HostTensor& t);
 
 // Per-rank figures of one run.
 struct RingCudaRankStats {
@@ -147,9 +197,16 @@ class RingCudaRank {
   void* k() const { return lean() ? nullptr : Slot(0); }
   void* v() const;
   // Copies the rank's K and V shards ([B, shard_tokens, Hkv, D] in dtype, host or device memory,
-  // cudaMemcpyDefault) into the home K/V storage, synchronously. Run() restores the home K/V
-  // before it returns (every schedule), so repeated runs need SetKv only once.
+  // cudaMemcpyDefault) into the home K/V storage on stream(), synchronously. Run() restores the
+  // home K/V before it returns (every schedule), so repeated runs need SetKv only once.
   absl::Status SetKv(const void* k, const void* v);
+  // Enqueues on stream() the copies of the rank's K (or V) rows into the home K/V storage from
+  // host rows of Hkv * D elements in dtype: `blocks` say where each of the shard's rows lies in
+  // `rows` (ShardRowBlocks). Counted in options.copy_counters. Asynchronous when `rows` is
+  // page-locked; it must stay valid until stream() is synchronized. Use before Run(), like SetKv.
+  enum class KvPart { kK, kV };
+  absl::Status EnqueueKvRows(KvPart part, const void* rows,
+                             const std::vector<ShardRowBlock>& blocks);
   bool lean() const { return plan_->q_chunks > 1 || plan_->kv_pieces > 1; }
   // The home K/V storage as (device pointer, bytes): (1, 1) one entry [K | V] of the shard; lean
   // one per piece j, [K_j | V_j] of [B, t_j, Hkv, D] each. For filling inputs on the device
@@ -186,6 +243,11 @@ class RingCudaRank {
   // The buffer of schedule slot i (slots move between buffers from run to run: slot_buffer_).
   void* Slot(int i) const { return slots_[slot_buffer_[i]].get(); }
   int64_t KvBytes(int source) const;  // packed [K | V] bytes of source's shard
+  // Queues the copies of EnqueueKvRows into `queue` (its kind and counters).
+  absl::Status CopyKvRows(KvPart part, const void* rows, const std::vector<ShardRowBlock>& blocks,
+                          RingCopyQueue& queue);
+  // Uploads the layout pieces of the rank's ticks through one page-locked staging block.
+  absl::Status UploadLayouts(const RingRankBuffers& table);
 
   const RingCudaPlan* plan_ = nullptr;
   AttentionShape shape_;
@@ -212,6 +274,7 @@ class RingCudaRank {
   // Layout pieces of every step, concatenated: row_ptr (int64, relative to the piece's col_idx),
   // col_idx (int32), mask (uint8); per piece the offsets into them.
   DeviceBuffer row_ptr_, col_idx_, mask_, reverse_rows_;
+  HostTensor layout_stage_;  // page-locked source of their upload, held until the stream syncs
   std::vector<std::vector<std::pair<int64_t, int64_t>>> piece_offsets_;  // [step][piece]
   int64_t reverse_rows_len_ = 0;
   std::unique_ptr<NcclCommunicator> owned_comm_;
@@ -225,9 +288,9 @@ class RingCudaRank {
 class RingCudaRun {  // one GPU ring computation over host tensors
  public:
   // Validates and plans on any thread; inputs must outlive every RunRank. devices[i] = CUDA
-  // ordinal of rank i. f32 inputs compute in bf16 (copies are made here); O comes back in the
-  // input dtype. RESOURCE_EXHAUSTED when options.plan.device_memory_budget is set and no
-  // schedule fits it.
+  // ordinal of rank i. f32 inputs compute in bf16 (page-locked copies are made here); O comes
+  // back in the input dtype, O and LSE in page-locked memory. RESOURCE_EXHAUSTED when
+  // options.plan.device_memory_budget is set and no schedule fits it.
   static absl::StatusOr<std::unique_ptr<RingCudaRun>> Create(
       const AttentionSpec& spec, const HostTensor& q, const HostTensor& k, const HostTensor& v,
       std::vector<int> devices, const RingCudaOptions& options = {});
@@ -235,11 +298,14 @@ class RingCudaRun {  // one GPU ring computation over host tensors
   int device(int rank) const { return devices_[rank]; }
   int64_t EstimateRankBytes(int rank) const;  // device bytes RunRank(rank) will hold at peak
   // On the thread that owns devices[rank] (sets the device): uploads the rank's shard, runs,
-  // downloads its part of O/LSE into the run's host outputs. `comm` is a borrowed NCCL
-  // communicator of rank `rank` in a group of ranks() (may be cached across runs by the
-  // caller); `alloc` a borrowed allocator for that device (null: a private one); `stream` the
-  // worker's stream (null: a private one). A failure aborts comm's group. Dilated specs run the
-  // shard-local path and do not use comm. Ranks may run concurrently (each writes only its rows).
+  // downloads its part of O/LSE into the run's host outputs, all asynchronously on the rank's
+  // stream (straight from and to the tensors' rows where they are page-locked, else through
+  // page-locked staging; "Host copies" above), synchronized before it returns. `comm` is a
+  // borrowed NCCL communicator of rank `rank` in a group of ranks() (may be cached across runs
+  // by the caller); `alloc` a borrowed allocator for that device (null: a private one); `stream`
+  // the worker's stream (null: a private one). A failure aborts comm's group. Dilated specs run
+  // the shard-local path and do not use comm. Ranks may run concurrently (each writes only its
+  // rows).
   absl::Status RunRank(int rank, NcclCommunicator& comm, CachingAllocator* alloc = nullptr,
                        cudaStream_t stream = nullptr);
   absl::StatusOr<AttentionOutputs> TakeOutputs();  // after all ranks returned OK
@@ -256,6 +322,9 @@ class RingCudaRun {  // one GPU ring computation over host tensors
   absl::Status RunRankImpl(int rank, NcclCommunicator* comm, CachingAllocator* alloc,
                            cudaStream_t stream);
   absl::Status RunDilatedRank(int rank, CachingAllocator* alloc, cudaStream_t stream);
+  // One range of a dilated rank: its single-GPU plan over [B, range, H, D], synchronized.
+  absl::Status RunDilatedPart(const TokenRange& range, CachingAllocator& alloc,
+                              cudaStream_t stream);
 
   AttentionSpec spec_;
   const HostTensor* q_ = nullptr;

@@ -1,5 +1,6 @@
 // RingCudaRun and RingAttentionCuda: the GPU ring over host tensors (ring_cuda.h). Uploads each
-// rank's shard, runs its RingCudaRank, downloads its rows; dilated specs run shard-local.
+// rank's shard, runs its RingCudaRank, downloads its rows (asynchronous copies on the rank's
+// stream, page-locked host memory: the host copies of ring_cuda.h); dilated specs run shard-local.
 #include "core/parallel/ring_cuda.h"
 
 #include <algorithm>
@@ -11,19 +12,70 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/host_copy.h"
+#include "core/cuda/pinned_host_pool.h"
 #include "core/util/check.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
 
+// ---- Host copies (ring_cuda.h) -----------------------------------------------------------------
+
+std::vector<ShardRowBlock> ShardRowBlocks(const std::vector<TokenRange>& ranges, int64_t batch,
+                                          int64_t n) {
+  std::vector<ShardRowBlock> blocks;
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    int64_t local = 0;
+    for (const TokenRange& r : ranges) {
+      if (r.size() > 0) blocks.push_back({bi, local, r.size(), bi * n + r.begin});
+      local += r.size();
+    }
+  }
+  return blocks;
+}
+
+absl::Status RingCopyQueue::Add(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  if (bytes_ > 0 && d == dst_ + bytes_ && s == src_ + bytes_) {
+    bytes_ += bytes;
+    return absl::OkStatus();
+  }
+  ATTN_RETURN_IF_ERROR(Flush());
+  dst_ = d;
+  src_ = s;
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status RingCopyQueue::Flush() {
+  const size_t bytes = std::exchange(bytes_, 0);
+  if (bytes == 0) return absl::OkStatus();
+  switch (kind_) {
+    case cudaMemcpyHostToDevice:
+      return CopyToDevice(dst_, src_, bytes, stream_, counters_);
+    case cudaMemcpyDeviceToHost:
+      return CopyToHost(dst_, src_, bytes, stream_, counters_);
+    default:
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_, src_, bytes, kind_, stream_));
+      return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<HostTensor> PinnedHostTensor(DType dtype, std::vector<int64_t> dims) {
+  return HostTensor::Create(dtype, std::move(dims), nullptr, &ProcessPinnedHostPool());
+}
+
+bool CopiesAsync(const HostTensor& t) { return !t.empty() && IsPageLocked(t.data()); }
+
 namespace {
 
-// bf16 copy of an f32 tensor (the kernels compute in bf16, as CudaAttentionPlan does).
+// bf16 copy of an f32 tensor (the kernels compute in bf16, as CudaAttentionPlan does), in
+// page-locked memory: the ranks copy their shards straight from it.
 absl::StatusOr<HostTensor> ToBf16(const HostTensor& t) {
-  ATTN_ASSIGN_OR_RETURN(HostTensor out, HostTensor::Create(DType::kBF16, t.dims()));
-  std::vector<float> tmp(t.numel());
-  t.ToFloat32(tmp.data());
-  out.FromFloat32(tmp.data());
+  ATTN_ASSIGN_OR_RETURN(HostTensor out, PinnedHostTensor(DType::kBF16, t.dims()));
+  out.FromFloat32(t.data_as<float>());
   return out;
 }
 
@@ -31,21 +83,72 @@ absl::StatusOr<HostTensor> ToBf16(const HostTensor& t) {
 // [B, nl, H, D] (ranges concatenated). to_shard: full -> shard, else shard -> full.
 void CopyShardRows(std::byte* full, std::byte* shard, const std::vector<TokenRange>& ranges,
                    int64_t b, int64_t n, int64_t nl, int64_t row_bytes, bool to_shard) {
-  for (int64_t bi = 0; bi < b; ++bi) {
-    int64_t local = 0;
-    for (const TokenRange& r : ranges) {
-      std::byte* f = full + (bi * n + r.begin) * row_bytes;
-      std::byte* s = shard + (bi * nl + local) * row_bytes;
-      if (r.size() > 0) {
-        if (to_shard) {
-          std::memcpy(s, f, r.size() * row_bytes);
-        } else {
-          std::memcpy(f, s, r.size() * row_bytes);
-        }
-      }
-      local += r.size();
+  for (const ShardRowBlock& blk : ShardRowBlocks(ranges, b, n)) {
+    std::byte* f = full + blk.host_row * row_bytes;
+    std::byte* s = shard + (blk.batch * nl + blk.local_row) * row_bytes;
+    if (to_shard) {
+      std::memcpy(s, f, blk.tokens * row_bytes);
+    } else {
+      std::memcpy(f, s, blk.tokens * row_bytes);
     }
   }
+}
+
+int64_t RowBytes(const HostTensor& t) {
+  return t.dim(2) * t.dim(3) * static_cast<int64_t>(DTypeSize(t.dtype()));
+}
+
+// The host rows a shard (`ranges` of every batch item, nl rows) of a [B, N, H, D] input is
+// uploaded from: the input's own rows when it is page-locked (no staging copy; the server's
+// request tensors are), else the shard gathered into a page-locked block.
+struct ShardSource {
+  const std::byte* rows = nullptr;
+  std::vector<ShardRowBlock> blocks;
+  HostTensor stage;  // the gathered shard (pageable inputs only); held until the stream syncs
+};
+
+absl::StatusOr<ShardSource> SourceOf(const HostTensor& t, const std::vector<TokenRange>& ranges,
+                                     int64_t nl) {
+  const int64_t b = t.dim(0), n = t.dim(1);
+  ShardSource s;
+  if (CopiesAsync(t)) {
+    s.rows = t.data();
+    s.blocks = ShardRowBlocks(ranges, b, n);
+    return s;
+  }
+  ATTN_ASSIGN_OR_RETURN(s.stage, PinnedHostTensor(t.dtype(), {b, nl, t.dim(2), t.dim(3)}));
+  CopyShardRows(const_cast<std::byte*>(t.data()), s.stage.data(), ranges, b, n, nl, RowBytes(t),
+                /*to_shard=*/true);
+  s.rows = s.stage.data();
+  s.blocks = ShardRowBlocks({TokenRange{0, nl}}, b, nl);
+  return s;
+}
+
+// Enqueues the upload of a shard into `dst` ([B, nl, H, D], rows of `row_bytes`) on `stream`.
+absl::Status UploadShard(const ShardSource& src, int64_t row_bytes, int64_t nl, void* dst,
+                         cudaStream_t stream, HostCopyCounters* counters) {
+  RingCopyQueue queue(cudaMemcpyHostToDevice, stream, counters);
+  for (const ShardRowBlock& blk : src.blocks) {
+    ATTN_RETURN_IF_ERROR(
+        queue.Add(static_cast<std::byte*>(dst) + (blk.batch * nl + blk.local_row) * row_bytes,
+                  src.rows + blk.host_row * row_bytes, blk.tokens * row_bytes));
+  }
+  return queue.Flush();
+}
+
+// Enqueues the download of a shard ([B, nl, H, D] at `src`) straight into its rows of `full`
+// ([B, N, H, D], page-locked) on `stream`.
+absl::Status DownloadShard(const void* src, const std::vector<TokenRange>& ranges, int64_t nl,
+                           HostTensor& full, cudaStream_t stream, HostCopyCounters* counters) {
+  const int64_t row = RowBytes(full);
+  RingCopyQueue queue(cudaMemcpyDeviceToHost, stream, counters);
+  for (const ShardRowBlock& blk : ShardRowBlocks(ranges, full.dim(0), full.dim(1))) {
+    ATTN_RETURN_IF_ERROR(
+        queue.Add(full.data() + blk.host_row * row,
+                  static_cast<const std::byte*>(src) + (blk.batch * nl + blk.local_row) * row,
+                  blk.tokens * row));
+  }
+  return queue.Flush();
 }
 
 }  // namespace
@@ -88,8 +191,9 @@ absl::StatusOr<std::unique_ptr<RingCudaRun>> RingCudaRun::Create(
     ATTN_ASSIGN_OR_RETURN(RingCudaPlan plan, PlanRingCuda(spec, shape, dtype, P, po));
     run->plan_ = std::move(plan);
   }
-  ATTN_ASSIGN_OR_RETURN(run->out_.o, HostTensor::Create(dtype, {b, n, hq, d}));
-  ATTN_ASSIGN_OR_RETURN(run->out_.lse, HostTensor::Create(DType::kF32, {b, hq, n}));
+  // Page-locked: every rank copies its rows of O straight into them.
+  ATTN_ASSIGN_OR_RETURN(run->out_.o, PinnedHostTensor(dtype, {b, n, hq, d}));
+  ATTN_ASSIGN_OR_RETURN(run->out_.lse, PinnedHostTensor(DType::kF32, {b, hq, n}));
   run->stats_.assign(P, RingCudaRankStats{});
   run->done_.assign(P, 0);
   return run;
@@ -119,45 +223,79 @@ absl::Status RingCudaRun::RunRankImpl(int rank, NcclCommunicator* comm, CachingA
   if (comm == nullptr) return absl::InvalidArgumentError("ring (CUDA): no communicator");
   CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[rank]));
   const DType dtype = q_->dtype();
+  // Host memory the rank's copies read or write: declared before the rank, whose destructor
+  // synchronizes its stream, so that none goes back to the pool with a copy still queued.
+  ShardSource qs, ks, vs;
+  HostTensor lse;
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<RingCudaRank> r,
                         RingCudaRank::Create(*plan_, shape_, dtype, scale_, rank, devices_[rank],
                                              *comm, alloc, stream, options_));
+  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads;
+  const int64_t nl = r->shard_tokens();
+  const std::vector<TokenRange>& ranges = r->ranges();
+  HostCopyCounters* counters = options_.copy_counters;
+  // Inputs on the rank's stream, ahead of its ticks (the communicator orders each transfer after
+  // the stream's queued work): straight from the inputs' rows when they are page-locked.
+  ATTN_ASSIGN_OR_RETURN(qs, SourceOf(*q_, ranges, nl));
+  ATTN_ASSIGN_OR_RETURN(ks, SourceOf(*k_, ranges, nl));
+  ATTN_ASSIGN_OR_RETURN(vs, SourceOf(*v_, ranges, nl));
+  ATTN_RETURN_IF_ERROR(UploadShard(qs, RowBytes(*q_), nl, r->q(), r->stream(), counters));
+  ATTN_RETURN_IF_ERROR(r->EnqueueKvRows(RingCudaRank::KvPart::kK, ks.rows, ks.blocks));
+  ATTN_RETURN_IF_ERROR(r->EnqueueKvRows(RingCudaRank::KvPart::kV, vs.rows, vs.blocks));
+  ATTN_RETURN_IF_ERROR(r->Run());
+  // O straight into the run's page-locked O rows; LSE [B, Hq, nl] through a page-locked block.
+  ATTN_RETURN_IF_ERROR(DownloadShard(r->o(), ranges, nl, out_.o, r->stream(), counters));
+  ATTN_ASSIGN_OR_RETURN(lse, PinnedHostTensor(DType::kF32, {b, hq, nl}));
+  ATTN_RETURN_IF_ERROR(CopyToHost(lse.data(), r->lse(), lse.nbytes(), r->stream(), counters));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream()));
+  // LSE [B, Hq, nl] -> [B, Hq, N]: each (batch, head) row is a [1, nl, 1, 4-byte] shard.
+  CopyShardRows(out_.lse.data(), lse.data(), ranges, b * hq, n, nl, 4, /*to_shard=*/false);
+  stats_[rank] = r->stats();
+  done_[rank] = 1;
+  return absl::OkStatus();
+}
+
+absl::Status RingCudaRun::RunDilatedPart(const TokenRange& range, CachingAllocator& alloc,
+                                         cudaStream_t stream) {
+  const DType dtype = q_->dtype();
   const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads,
                 hkv = shape_.kv_heads, d = shape_.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
-  const int64_t nl = r->shard_tokens();
-  const std::vector<TokenRange>& ranges = r->ranges();
-  std::vector<std::byte> stage(std::max<int64_t>(b * nl * hq * d * es, 1));
-  std::vector<std::byte> kstage(std::max<int64_t>(b * nl * hkv * d * es, 1));
-  std::vector<std::byte> vstage(kstage.size());
-  CopyShardRows(const_cast<std::byte*>(q_->data()), stage.data(), ranges, b, n, nl, hq * d * es,
-                /*to_shard=*/true);
-  if (b * nl > 0) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(r->q(), stage.data(), b * nl * hq * d * es, cudaMemcpyHostToDevice));
+  const int64_t nl = range.size();
+  const std::vector<TokenRange> one = {range};
+  // Buffers and staging blocks outlive the stream synchronization below, on every path.
+  std::unique_ptr<CudaAttentionPlan> plan;
+  DeviceBuffer dq, dk, dv, dout, dlse;
+  ShardSource qs, ks, vs;
+  HostTensor lse;
+  const absl::Status st = [&]() -> absl::Status {
+    const AttentionShape sub{b, nl, hq, hkv, d};
+    ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec_, sub, dtype, alloc, stream));
+    const int64_t nq = b * nl * hq * d * es, nkv = b * nl * hkv * d * es;
+    ATTN_ASSIGN_OR_RETURN(dq, DeviceBuffer::Create(alloc, nq));
+    ATTN_ASSIGN_OR_RETURN(dk, DeviceBuffer::Create(alloc, nkv));
+    ATTN_ASSIGN_OR_RETURN(dv, DeviceBuffer::Create(alloc, nkv));
+    ATTN_ASSIGN_OR_RETURN(dout, DeviceBuffer::Create(alloc, nq));
+    ATTN_ASSIGN_OR_RETURN(dlse, DeviceBuffer::Create(alloc, b * hq * nl * 4));
+    ATTN_ASSIGN_OR_RETURN(qs, SourceOf(*q_, one, nl));
+    ATTN_ASSIGN_OR_RETURN(ks, SourceOf(*k_, one, nl));
+    ATTN_ASSIGN_OR_RETURN(vs, SourceOf(*v_, one, nl));
+    HostCopyCounters* counters = options_.copy_counters;
+    ATTN_RETURN_IF_ERROR(UploadShard(qs, hq * d * es, nl, dq.get(), stream, counters));
+    ATTN_RETURN_IF_ERROR(UploadShard(ks, hkv * d * es, nl, dk.get(), stream, counters));
+    ATTN_RETURN_IF_ERROR(UploadShard(vs, hkv * d * es, nl, dv.get(), stream, counters));
+    ATTN_RETURN_IF_ERROR(
+        plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(), stream));
+    ATTN_RETURN_IF_ERROR(DownloadShard(dout.get(), one, nl, out_.o, stream, counters));
+    ATTN_ASSIGN_OR_RETURN(lse, PinnedHostTensor(DType::kF32, {b, hq, nl}));
+    return CopyToHost(lse.data(), dlse.get(), lse.nbytes(), stream, counters);
+  }();
+  const cudaError_t sync = cudaStreamSynchronize(stream);
+  ATTN_RETURN_IF_ERROR(st);
+  if (sync != cudaSuccess) {
+    return CudaErrorToStatus(sync, "cudaStreamSynchronize(dilated part)", __FILE__, __LINE__);
   }
-  CopyShardRows(const_cast<std::byte*>(k_->data()), kstage.data(), ranges, b, n, nl,
-                hkv * d * es, /*to_shard=*/true);
-  CopyShardRows(const_cast<std::byte*>(v_->data()), vstage.data(), ranges, b, n, nl,
-                hkv * d * es, /*to_shard=*/true);
-  ATTN_RETURN_IF_ERROR(r->SetKv(kstage.data(), vstage.data()));  // synchronizes the device
-  ATTN_RETURN_IF_ERROR(r->Run());
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream()));
-  if (b * nl > 0) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(stage.data(), r->o(), b * nl * hq * d * es, cudaMemcpyDeviceToHost));
-  }
-  CopyShardRows(out_.o.data(), stage.data(), ranges, b, n, nl, hq * d * es, /*to_shard=*/false);
-  std::vector<float> lse(std::max<int64_t>(b * hq * nl, 1));
-  if (b * nl > 0) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(lse.data(), r->lse(), b * hq * nl * 4, cudaMemcpyDeviceToHost));
-  }
-  // LSE [B, Hq, nl] -> [B, Hq, N]: each (batch, head) row is a [1, nl, 1, 4-byte] shard.
-  CopyShardRows(out_.lse.data(), reinterpret_cast<std::byte*>(lse.data()), ranges, b * hq, n, nl,
-                4, /*to_shard=*/false);
-  stats_[rank] = r->stats();
-  done_[rank] = 1;
+  CopyShardRows(out_.lse.data(), lse.data(), one, b * hq, n, nl, 4, /*to_shard=*/false);
   return absl::OkStatus();
 }
 
@@ -170,49 +308,10 @@ absl::Status RingCudaRun::RunDilatedRank(int rank, CachingAllocator* borrowed_al
   CachingAllocator& alloc = borrowed_alloc ? *borrowed_alloc : *own_alloc;
   cudaStream_t stream = borrowed_stream;
   if (stream == nullptr) CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
-  const DType dtype = q_->dtype();
-  const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads,
-                hkv = shape_.kv_heads, d = shape_.head_dim;
-  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
-  absl::Status st = [&]() -> absl::Status {
-    for (const TokenRange& r : dilated_split_[rank]) {
-      if (r.size() == 0) continue;
-      const AttentionShape sub{b, r.size(), hq, hkv, d};
-      ATTN_ASSIGN_OR_RETURN(auto plan, CudaAttentionPlan::Create(spec_, sub, dtype, alloc, stream));
-      const int64_t nq = b * r.size() * hq * d * es, nkv = b * r.size() * hkv * d * es;
-      std::vector<std::byte> stage(std::max(nq, nkv));
-      ATTN_ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Create(alloc, nq));
-      ATTN_ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Create(alloc, nkv));
-      ATTN_ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Create(alloc, nkv));
-      ATTN_ASSIGN_OR_RETURN(DeviceBuffer dout, DeviceBuffer::Create(alloc, nq));
-      ATTN_ASSIGN_OR_RETURN(DeviceBuffer dlse, DeviceBuffer::Create(alloc, b * hq * r.size() * 4));
-      const std::vector<TokenRange> one = {r};
-      auto upload = [&](const HostTensor& t, int64_t heads, DeviceBuffer& dst) -> absl::Status {
-        CopyShardRows(const_cast<std::byte*>(t.data()), stage.data(), one, b, n, r.size(),
-                      heads * d * es, /*to_shard=*/true);
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.get(), stage.data(), b * r.size() * heads * d * es,
-                                        cudaMemcpyHostToDevice));
-        return absl::OkStatus();
-      };
-      ATTN_RETURN_IF_ERROR(upload(*q_, hq, dq));
-      ATTN_RETURN_IF_ERROR(upload(*k_, hkv, dk));
-      ATTN_RETURN_IF_ERROR(upload(*v_, hkv, dv));
-      // A borrowed stream may be non-blocking: the legacy-stream copies finish first.
-      CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-      ATTN_RETURN_IF_ERROR(
-          plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(), stream));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(stage.data(), dout.get(), nq, cudaMemcpyDeviceToHost));
-      CopyShardRows(out_.o.data(), stage.data(), one, b, n, r.size(), hq * d * es,
-                    /*to_shard=*/false);
-      std::vector<float> lse(b * hq * r.size());
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost));
-      CopyShardRows(out_.lse.data(), reinterpret_cast<std::byte*>(lse.data()), one, b * hq, n,
-                    r.size(), 4, /*to_shard=*/false);
-    }
-    return absl::OkStatus();
-  }();
+  absl::Status st;
+  for (const TokenRange& r : dilated_split_[rank]) {
+    if (r.size() > 0 && st.ok()) st = RunDilatedPart(r, alloc, stream);
+  }
   cudaStreamSynchronize(stream);
   if (borrowed_stream == nullptr) cudaStreamDestroy(stream);
   RingCudaRankStats rs;
@@ -235,7 +334,7 @@ absl::StatusOr<AttentionOutputs> RingCudaRun::TakeOutputs() {
   taken_ = true;
   AttentionOutputs out = std::move(out_);
   if (in_dtype_ == DType::kF32) {
-    ATTN_ASSIGN_OR_RETURN(HostTensor o32, HostTensor::Create(DType::kF32, out.o.dims()));
+    ATTN_ASSIGN_OR_RETURN(HostTensor o32, PinnedHostTensor(DType::kF32, out.o.dims()));
     out.o.ToFloat32(o32.data_as<float>());
     out.o = std::move(o32);
   }

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -21,6 +22,8 @@
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_device.h"
+#include "core/cuda/host_copy.h"
+#include "core/cuda/pinned_host_pool.h"
 #include "core/parallel/nccl_communicator.h"
 #include "core/parallel/ring_cuda_plan.h"
 #include "core/reference/reference.h"
@@ -72,8 +75,6 @@ std::vector<Case> Cases() {
        testing::SparseCase(128, StridedGen{3, 1}, true), big);
   return cases;
 }
-
-int GpuCount() { return CudaDeviceCount(); }
 
 struct Outputs {
   HostTensor o;
@@ -241,8 +242,8 @@ TEST_P(RingCudaTest, MatchesReferenceAndSingleGpu) {
     }
   }
 
-  if (GpuCount() < 2) {
-    std::printf("[ skip ] 2-GPU ring: found %d GPU(s)\n", GpuCount());
+  if (CudaDeviceCount() < 2) {
+    std::printf("[ skip ] 2-GPU ring: found %d GPU(s)\n", CudaDeviceCount());
     return;
   }
   std::vector<RingCudaRankStats> stats;
@@ -312,6 +313,44 @@ TEST(RingCudaHostApiTest, DilatedRunsShardLocal) {
     ASSERT_TRUE(ring.ok()) << ring.status();
     Outputs out{std::move(ring->o), std::move(ring->lse)};
     ExpectMatchesReference(*ref, out, causal ? "dilated causal" : "dilated");
+  }
+}
+
+// The ring on page-locked inputs ((1, 1), lean, shard-local dilated) and on pageable ones (staged
+// through page-locked blocks): no rank copies from or to pageable memory; results still match.
+TEST(RingCudaHostApiTest, NoPageableCopies) {
+  SKIP_WITHOUT_GPUS(2);
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  auto in = MakeRandomInputs({2, 1000, 4, 2, 64}, DType::kBF16, seed);
+  std::vector<HostTensor> locked;  // page-locked copies of q, k, v
+  for (const HostTensor* t : {&in.q, &in.k, &in.v}) {
+    auto p = HostTensor::Create(t->dtype(), t->dims(), nullptr, &ProcessPinnedHostPool());
+    ASSERT_TRUE(p.ok() && IsPageLocked(p->data())) << p.status();
+    std::memcpy(p->data(), t->data(), t->nbytes());
+    locked.push_back(*std::move(p));
+  }
+  AttentionSpec dilated;
+  dilated.pattern = DilatedSpec{{64, 128}, {1, 2}};
+  const AttentionSpec dense = testing::DenseCase(true);
+  auto ref = ReferenceAttention(dense, in.q, in.k, in.v);
+  auto dilated_ref = ReferenceAttention(dilated, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok() && dilated_ref.ok());
+  for (int i = 0; i < 4; ++i) {  // (1, 1), lean (2, 2), dilated, pageable inputs
+    SCOPED_TRACE(absl::StrCat("run ", i));
+    HostCopyCounters counters;
+    RingCudaOptions options;
+    options.copy_counters = &counters;
+    options.plan.q_chunks = options.plan.kv_pieces = i == 1 ? 2 : 1;
+    const bool pin = i != 3;
+    auto ring = RingAttentionCuda(i == 2 ? dilated : dense, pin ? locked[0] : in.q,
+                                  pin ? locked[1] : in.k, pin ? locked[2] : in.v, {0, 1}, options);
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    Outputs out{std::move(ring->o), std::move(ring->lse)};
+    ExpectMatchesReference(i == 2 ? *dilated_ref : *ref, out, "ring copies");
+    EXPECT_GE(counters.h2d_bytes.load(), static_cast<int64_t>(in.q.nbytes() + 2 * in.k.nbytes()));
+    EXPECT_GE(counters.d2h_bytes.load(), static_cast<int64_t>(out.o.nbytes() + out.lse.nbytes()));
+    EXPECT_EQ(counters.pageable_bytes.load(), 0);
   }
 }
 
