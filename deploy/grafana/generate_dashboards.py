@@ -389,6 +389,39 @@ def throughput_dashboard():
          ("sum(rate(attnserve_sent_bytes_total{%s}[1m]))" % SEL_I, "sent")],
         "Bps", w=8, minimum=0,
         description="Tensor bytes streamed in (Q, K, V) and out (O, LSE)."))
+    L.row("Data path")
+    p.append(timeseries(
+        L, "Time per stage (mean)",
+        [("sum by (stage) (rate(attnserve_request_stage_seconds_sum{%s}[1m])) / "
+          "sum by (stage) (rate(attnserve_request_stage_seconds_count{%s}[1m]))" % (SEL_I, SEL_I),
+          "{{stage}}")],
+        "s", minimum=0,
+        description="Mean seconds per successful call in each stage: receive, queue, compute "
+                    "(copy and kernel are parts of compute), send. A kernel line far below the "
+                    "others means the data path, not the GPU, sets the pace."))
+    p.append(timeseries(
+        L, "Host <-> device copies",
+        [("sum by (device, direction) (rate(attnserve_device_copy_bytes_total{%s}[1m]))" % SEL_ID,
+          "{{device}} {{direction}}"),
+         ("sum by (device) (rate(attnserve_device_pageable_copy_bytes_total{%s}[1m]))" % SEL_ID,
+          "{{device}} pageable")],
+        "Bps", minimum=0,
+        description="Bytes/s copied between host memory and each device; the pageable part "
+                    "(slow copies from unpinned memory) is expected to stay at 0."))
+    p.append(timeseries(
+        L, "Page-locked host memory",
+        [("sum by (state) (attnserve_host_page_locked_bytes{%s})" % SEL_I, "{{state}}"),
+         ("max(attnserve_host_page_locked_cap_bytes{%s})" % SEL_I, "cap")],
+        "bytes", minimum=0,
+        description="The page-locked pool behind request buffers: in use, cached for reuse, "
+                    "caller regions registered for copies, and the cap (--pinned-host-cap-bytes)."))
+    p.append(timeseries(
+        L, "Pageable fallback bytes/s",
+        [("sum(rate(attnserve_host_pageable_fallback_bytes_total{%s}[1m]))" % SEL_I,
+          "fallback")],
+        "Bps", minimum=0,
+        description="Buffers handed out pageable because the page-locked pool was at its cap: "
+                    "raise --pinned-host-cap-bytes if this is not 0."))
     return dashboard(
         "attnserve-throughput", "attnserve — throughput",
         "Per-device tokens/s, TFLOP/s, busy fraction and NCCL traffic; request rate, latency, "

@@ -28,8 +28,15 @@ DESIGN_METRICS = {
     "attnserve_inflight_requests": set(),
     "attnserve_received_bytes_total": set(),
     "attnserve_sent_bytes_total": set(),
+    "attnserve_request_stage_seconds": {"stage"},
+    "attnserve_device_copy_bytes_total": {"device", "direction"},
+    "attnserve_device_pageable_copy_bytes_total": {"device"},
+    "attnserve_host_page_locked_bytes": {"state"},
+    "attnserve_host_page_locked_cap_bytes": set(),
+    "attnserve_host_pageable_fallback_bytes_total": set(),
 }
-HISTOGRAMS = {"attnserve_request_duration_seconds", "attnserve_queue_wait_seconds"}
+HISTOGRAMS = {"attnserve_request_duration_seconds", "attnserve_queue_wait_seconds",
+              "attnserve_request_stage_seconds"}
 TARGET_LABELS = {"job", "instance"}
 PROMQL_FUNCTIONS = {
     "abs", "absent", "absent_over_time", "acos", "acosh", "asin", "asinh", "atan", "atanh",
