@@ -1,4 +1,5 @@
 #include "client/attn_client.h"
+#include "client/attend_input.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -134,6 +135,7 @@ class AttendCall final : public grpc::ClientBidiReactor<v1::AttendRequest, v1::A
     const std::pair<v1::TensorKind, const HostTensor*> tensors[] = {
         {v1::TENSOR_Q, input.q}, {v1::TENSOR_K, input.k}, {v1::TENSOR_V, input.v}};
     for (const auto& [kind, tensor] : tensors) {
+      if (tensor == nullptr) continue;  // from a region
       const int64_t total = static_cast<int64_t>(tensor->nbytes());
       for (int64_t offset = 0; offset < total; offset += chunk_bytes) {
         chunks_.push_back({kind, tensor, offset, std::min(chunk_bytes, total - offset)});
@@ -182,7 +184,9 @@ class AttendCall final : public grpc::ClientBidiReactor<v1::AttendRequest, v1::A
     if (!writes_done_) {
       return absl::DataLossError("server closed the stream with OK before the upload finished");
     }
-    if (auto s = o_assembler_->CheckComplete(); !s.ok()) return s;
+    if (o_assembler_) {
+      if (auto s = o_assembler_->CheckComplete(); !s.ok()) return s;
+    }
     if (lse_assembler_) {
       if (auto s = lse_assembler_->CheckComplete(); !s.ok()) return s;
     }
@@ -266,6 +270,9 @@ class AttendCall final : public grpc::ClientBidiReactor<v1::AttendRequest, v1::A
       return absl::DataLossError("server sent a response with neither header nor chunk");
     }
     if (!have_header_) return absl::DataLossError("server sent a chunk before the response header");
+    if (!o_assembler_) {
+      return absl::DataLossError("server sent an output chunk after outputs_in_regions");
+    }
     const v1::TensorChunk& chunk = response_.chunk();
     absl::Status s;
     if (chunk.tensor() == v1::TENSOR_O) {
@@ -295,6 +302,13 @@ class AttendCall final : public grpc::ClientBidiReactor<v1::AttendRequest, v1::A
           "response header: O is ", ShapeString(o_shape), " ", v1::DType_Name(h.dtype()),
           ", expected ", ShapeString(want_o), " ", v1::DType_Name(header_.dtype())));
     }
+    if (h.outputs_in_regions() != header_.has_o_region()) {
+      return absl::DataLossError(absl::StrCat("response header: outputs_in_regions is ",
+                                              h.outputs_in_regions(), " for a request ",
+                                              header_.has_o_region() ? "with" : "without",
+                                              " o_region"));
+    }
+    if (h.outputs_in_regions()) return absl::OkStatus();
     absl::StatusOr<HostTensor> o = HostTensor::Create(*dtype, o_shape);
     if (!o.ok()) return o.status();
     o_ = std::move(*o);
@@ -359,37 +373,6 @@ class AttendCall final : public grpc::ClientBidiReactor<v1::AttendRequest, v1::A
   bool done_ = false;
 };
 
-absl::Status ValidateInput(const AttendInput& input) {
-  if (input.q == nullptr || input.k == nullptr || input.v == nullptr) {
-    return absl::InvalidArgumentError("input: q, k and v must all be set");
-  }
-  const std::pair<const char*, const HostTensor*> tensors[] = {
-      {"q", input.q}, {"k", input.k}, {"v", input.v}};
-  for (const auto& [name, t] : tensors) {
-    if (t->rank() != 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": expected [B, N, H, D], got ", t->DebugString()));
-    }
-    if (t->dtype() != input.q->dtype()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": dtype ", std::string(DTypeName(t->dtype())), " differs from q's ",
-                       std::string(DTypeName(input.q->dtype()))));
-    }
-  }
-  if (input.k->dims() != input.v->dims()) {
-    return absl::InvalidArgumentError(absl::StrCat("v: shape ", input.v->DebugString(),
-                                                   " differs from k's ", input.k->DebugString()));
-  }
-  const auto& q = input.q->dims();
-  const auto& k = input.k->dims();
-  if (q[0] != k[0] || q[1] != k[1] || q[3] != k[3]) {
-    return absl::InvalidArgumentError(absl::StrCat("k: shape ", input.k->DebugString(),
-                                                   " must match q ", input.q->DebugString(),
-                                                   " in batch, tokens and head_dim"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttnClient>> AttnClient::Create(ClientOptions options) {
@@ -413,18 +396,35 @@ absl::StatusOr<std::unique_ptr<AttnClient>> AttnClient::Create(ClientOptions opt
   // re-send is safe for a stream.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   auto credentials = options.credentials ? options.credentials : grpc::InsecureChannelCredentials();
+  if (options.connections < 1 || options.connections > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections: must be in [1, 64], got ", options.connections));
+  }
   auto channel = grpc::CreateCustomChannel(options.target, credentials, args);
   if (channel == nullptr) {
     return absl::InternalError(absl::StrCat("could not create a channel to ", options.target));
   }
-  return std::unique_ptr<AttnClient>(new AttnClient(std::move(options), std::move(channel)));
+  std::unique_ptr<AttnClient> client(new AttnClient(options, channel));
+  // More connections: channels that do not share the first one's (gRPC would otherwise reuse
+  // one subchannel, and so one TCP connection, for equal arguments).
+  for (int c = 1; c < options.connections; ++c) {
+    grpc::ChannelArguments own = args;
+    own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    own.SetInt("attnserve.connection", c);
+    auto extra = grpc::CreateCustomChannel(options.target, credentials, own);
+    if (extra == nullptr) break;
+    client->attend_stubs_.push_back(v1::AttentionService::NewStub(extra));
+  }
+  return client;
 }
 
 AttnClient::AttnClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(v1::AttentionService::NewStub(channel_)),
-      generic_stub_(std::make_unique<grpc::GenericStub>(channel_)) {}
+      generic_stub_(std::make_unique<grpc::GenericStub>(channel_)) {
+  attend_stubs_.push_back(v1::AttentionService::NewStub(channel_));
+}
 
 AttnClient::~AttnClient() = default;
 
@@ -443,19 +443,9 @@ bool AttnClient::SleepBeforeRetry(int retry, absl::Time deadline) {
 
 absl::StatusOr<AttendResult> AttnClient::Attend(const AttendInput& input,
                                                 const CallOptions& options) {
-  if (absl::Status s = ValidateInput(input); !s.ok()) return s;
-  v1::AttendHeader header;
-  header.set_request_id(input.request_id);
-  header.set_dtype(DTypeToProto(input.q->dtype()));
-  header.set_batch(input.q->dim(0));
-  header.set_tokens(input.q->dim(1));
-  header.set_q_heads(input.q->dim(2));
-  header.set_kv_heads(input.k->dim(2));
-  header.set_head_dim(input.q->dim(3));
-  *header.mutable_spec() = input.spec;
-  header.set_placement(input.placement);
-  header.set_return_lse(input.return_lse);
-  header.set_response_chunk_bytes(input.response_chunk_bytes);
+  absl::StatusOr<v1::AttendHeader> built = BuildAttendHeader(input);
+  if (!built.ok()) return built.status();
+  const v1::AttendHeader& header = *built;
 
   const absl::Time deadline = DeadlineFor(options);
   absl::Status last;
@@ -463,7 +453,10 @@ absl::StatusOr<AttendResult> AttnClient::Attend(const AttendInput& input,
     if (attempt > 1 && !SleepBeforeRetry(attempt - 1, deadline)) break;
     AttendCall call(input, header, options_.chunk_bytes, options, deadline, attempt);
     bool received_any = false;
-    absl::StatusOr<AttendResult> result = call.Run(stub_.get(), &received_any);
+    // Each attempt on the next connection (a retry after UNAVAILABLE tries another one).
+    auto* stub = attend_stubs_[next_stub_.fetch_add(1, std::memory_order_relaxed) %
+                               attend_stubs_.size()].get();
+    absl::StatusOr<AttendResult> result = call.Run(stub, &received_any);
     if (result.ok()) return result;
     last = result.status();
     if (last.code() != absl::StatusCode::kUnavailable || received_any) return last;

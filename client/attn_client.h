@@ -6,11 +6,13 @@
 #ifndef ATTNSERVE_CLIENT_ATTN_CLIENT_H_
 #define ATTNSERVE_CLIENT_ATTN_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -44,6 +46,10 @@ struct ClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
   double backoff_multiplier = 2.0;
+  // TCP connections the client spreads its Attend calls over (round robin; each connection is
+  // made on first use). One HTTP/2 connection carries about one stream's worth of bytes per
+  // second however many calls share it, so concurrent large calls need several. In [1, 64].
+  int connections = 8;
 };
 
 // Bytes moved so far by one Attend call. The totals are known up front for the upload and from
@@ -68,12 +74,30 @@ struct CallOptions {
   ProgressCallback progress;
 };
 
+// Bytes [offset, offset + bytes) of a region registered with RegisterSystemRegion or
+// RegisterCudaIpcRegion (AttendHeader's RegionRef). offset must be a multiple of 64 and bytes the
+// tensor's exact size.
+struct TensorRegion {
+  std::string region;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
 // One request. The tensors are borrowed: they must stay alive and unchanged until Attend returns.
 // q: [B, N, Hq, D], k and v: [B, N, Hkv, D], all three of one dtype.
+//
+// Shared memory (callers on the server's host): a tensor may come from a region instead
+// (q_region etc.; then its pointer stays null and nothing of it is streamed). When q is not given,
+// `shape` and `dtype` describe the request. With o_region set, the server writes O (and LSE into
+// lse_region, required when return_lse) into the regions and the result's o/lse stay empty
+// (result.header.outputs_in_regions() is true).
 struct AttendInput {
   const HostTensor* q = nullptr;
   const HostTensor* k = nullptr;
   const HostTensor* v = nullptr;
+  std::optional<TensorRegion> q_region, k_region, v_region, o_region, lse_region;
+  std::optional<AttentionShape> shape;  // required when q is null
+  DType dtype = DType::kF32;            // used when q is null
   attnserve::v1::AttentionSpec spec;
   bool return_lse = true;
   attnserve::v1::Placement placement = attnserve::v1::PLACEMENT_AUTO;
@@ -83,8 +107,8 @@ struct AttendInput {
 
 struct AttendResult {
   attnserve::v1::AttendResponseHeader header;  // timings, devices, sparsity, flops
-  HostTensor o;                                // [B, N, Hq, D], the input dtype
-  std::optional<HostTensor> lse;               // [B, Hq, N] f32, when return_lse
+  HostTensor o;                   // [B, N, Hq, D], the input dtype (empty: outputs_in_regions)
+  std::optional<HostTensor> lse;  // [B, Hq, N] f32, when return_lse and not in a region
   int attempts = 1;                            // calls made, retries included
   // Client-side wall clock of the successful attempt, in seconds.
   double upload_seconds = 0;  // start of the call to the last input byte handed to gRPC
@@ -127,10 +151,28 @@ class AttnClient {
   // otherwise, the call's error when the call fails.
   absl::Status Health(const CallOptions& options = {}, const std::string& service = "");
 
+  // Shared-memory regions (attn_client_regions.cc), not retried. A POSIX shm object of
+  // this host (`shm_key`, e.g. "/attn_in_1234"; SharedMemoryRegion makes one), bytes
+  // [offset, offset + bytes) of it, or the raw cudaIpcMemHandle_t of a device allocation.
+  absl::StatusOr<attnserve::v1::RegionStatus> RegisterSystemRegion(
+      const std::string& name, const std::string& shm_key, int64_t offset, int64_t bytes,
+      const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::RegionStatus> RegisterCudaIpcRegion(
+      const std::string& name, const std::string& ipc_handle, int device, int64_t bytes,
+      const CallOptions& options = {});
+  // The response says whether requests in flight still use the region.
+  absl::StatusOr<attnserve::v1::UnregisterRegionResponse> UnregisterRegion(
+      const std::string& name, const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::ListRegionsResponse> ListRegions(const CallOptions& options = {});
+
   const ClientOptions& options() const { return options_; }
 
  private:
   AttnClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // One unary region call with the call options' deadline.
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Unary(Method method, const Request& request,
+                                 const CallOptions& options);
 
   // Waits out the backoff before retry `retry` (1-based), never past `deadline`. False when the
   // deadline leaves no time for another attempt.
@@ -140,6 +182,9 @@ class AttnClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<attnserve::v1::AttentionService::Stub> stub_;
   std::unique_ptr<grpc::GenericStub> generic_stub_;
+  // Attend's stubs, one per connection (the first is stub_'s channel); next_stub_ picks.
+  std::vector<std::unique_ptr<attnserve::v1::AttentionService::Stub>> attend_stubs_;
+  std::atomic<uint64_t> next_stub_{0};
 };
 
 }  // namespace attnserve::client

@@ -45,6 +45,8 @@ ABSL_FLAG(int, cpu_workers, 1, "CPU backend: number of CPU devices (one worker t
 ABSL_FLAG(int, cpu_threads, 0, "CPU backend: compute threads per CPU device (0: cores / workers)");
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{8} << 30, "largest Q + K + V bytes of one request");
 ABSL_FLAG(int, max_queue, 64, "requests that may wait for a device; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_regions, 64,
+          "shared-memory regions (RegisterRegion) registered at once; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "bytes one device may hold for a running request (0: the device's free memory)");
 // 4 MiB - 64 KiB: a response message is the chunk payload plus a few bytes of framing, and gRPC
@@ -176,6 +178,7 @@ int Main() {
   service_options.limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   service_options.limits.default_response_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   service_options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  service_options.max_regions = absl::GetFlag(FLAGS_max_regions);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());
@@ -252,6 +255,7 @@ int Main() {
   // Cancels whatever is left (their reactors see OnCancel, their jobs stop at the next poll).
   server->Shutdown(std::chrono::system_clock::now());
   (*scheduler)->Shutdown();
+  (*service)->ReleaseRegions();
   server.reset();
   metrics->reset();
   spdlog::info("attnserve: stopped");

@@ -217,6 +217,25 @@ void Metrics::AddDataPathSeries(prometheus::Registry& r, const MetricsOptions& o
                                  "pool was at its cap")
                            .Register(r)
                            .Add({});
+  auto& regions = prometheus::BuildGauge()
+                      .Name("attnserve_regions")
+                      .Help("Shared-memory regions mapped (registered, or unregistered but still "
+                            "used by requests in flight), by kind (system, cuda_ipc)")
+                      .Register(r);
+  auto& region_bytes = prometheus::BuildGauge()
+                           .Name("attnserve_region_bytes")
+                           .Help("Bytes of the mapped shared-memory regions, by kind")
+                           .Register(r);
+  for (int k = 0; k < kNumRegionKinds; ++k) {
+    const std::string kind(RegionKindName(static_cast<RegionKind>(k)));
+    regions_[k] = &regions.Add({{"kind", kind}});
+    region_bytes_[k] = &region_bytes.Add({{"kind", kind}});
+  }
+}
+
+void Metrics::SetRegionSource(std::function<RegionTotals()> source) {
+  std::lock_guard<std::mutex> lock(refresh_mu_);
+  region_source_ = std::move(source);
 }
 
 void Metrics::RecordRun(size_t device, double tokens, double flops, double busy_seconds) {
@@ -289,6 +308,13 @@ void Metrics::Refresh() {
     host_registered_->Set(static_cast<double>(h.registered_bytes));
     host_cap_->Set(static_cast<double>(h.cap_bytes));
     AddGrowth(host_fallback_, h.fallback_bytes, last_fallback_);
+  }
+  if (region_source_) {
+    const RegionTotals t = region_source_();
+    for (int k = 0; k < kNumRegionKinds; ++k) {
+      regions_[k]->Set(static_cast<double>(t.regions[k]));
+      region_bytes_[k]->Set(static_cast<double>(t.bytes[k]));
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/regions/region_registry.h"
 
 namespace prometheus {
 class Exposer;
@@ -84,6 +86,10 @@ class Metrics {
   void AddNcclGroupCreated() { nccl_groups_created_->Increment(); }
   void AddNcclCommCreated(size_t device);
 
+  // Where the attnserve_regions / attnserve_region_bytes gauges read from on each scrape (the
+  // service's region registry); null: they stay as they are. Thread-safe.
+  void SetRegionSource(std::function<RegionTotals()> source);
+
   // Copies every device's Stats() into the memory gauges and recomputes the imbalance ratio.
   // Called on each scrape; thread-safe.
   void Refresh();
@@ -135,6 +141,9 @@ class Metrics {
   prometheus::Gauge* host_cap_ = nullptr;
   prometheus::Counter* host_fallback_ = nullptr;
   int64_t last_fallback_ = 0;
+  std::function<RegionTotals()> region_source_;  // under refresh_mu_
+  std::array<prometheus::Gauge*, kNumRegionKinds> regions_{};
+  std::array<prometheus::Gauge*, kNumRegionKinds> region_bytes_{};
   std::mutex refresh_mu_;  // Refresh's differences of counters
 };
 

@@ -140,19 +140,10 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   ATTN_ASSIGN_OR_RETURN(AttentionSpec spec, SpecFromProto(header.spec()));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
 
-  const std::vector<int64_t> dims_q = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
-  const std::vector<int64_t> dims_kv = {shape.batch, shape.tokens, shape.kv_heads, shape.head_dim};
   std::array<HostTensor, 3> tensors;
-  for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<HostTensor> t =
-        HostTensor::Create(dtype, i == 0 ? dims_q : dims_kv, options_.tracker,
-                           options_.host_memory);
-    if (!t.ok()) {
-      return absl::Status(t.status().code(),
-                          absl::StrCat(kTensorNames[i], ": ", t.status().message()));
-    }
-    tensors[i] = *std::move(t);
-  }
+  std::array<bool, 3> from_region{};
+  ATTN_RETURN_IF_ERROR(ResolveTensors(header, shape, dtype, &tensors, &from_region));
+  ATTN_RETURN_IF_ERROR(ResolveOutputs(header, shape, dtype));
 
   has_header_ = true;
   header_ = header;
@@ -164,6 +155,97 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   tensors_ = std::move(tensors);
   tensor_bytes_ = {q_bytes, kv_bytes, kv_bytes};
   total_bytes_ = total;
+  from_region_ = from_region;
+  for (int i = 0; i < 3; ++i) {
+    if (!from_region_[i]) continue;
+    received_[i].Insert(0, tensor_bytes_[i], nullptr);
+    received_bytes_ += tensor_bytes_[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestAssembler::ResolveTensors(const v1::AttendHeader& header,
+                                              const AttentionShape& shape, DType dtype,
+                                              std::array<HostTensor, 3>* tensors,
+                                              std::array<bool, 3>* from_region) {
+  const std::vector<int64_t> dims_q = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
+  const std::vector<int64_t> dims_kv = {shape.batch, shape.tokens, shape.kv_heads, shape.head_dim};
+  const bool has_ref[3] = {header.has_q_region(), header.has_k_region(), header.has_v_region()};
+  const v1::RegionRef* refs[3] = {&header.q_region(), &header.k_region(), &header.v_region()};
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int64_t>& dims = i == 0 ? dims_q : dims_kv;
+    if (has_ref[i]) {
+      const int64_t bytes = SatMul(SatMul(SatMul(SatMul(dims[0], dims[1]), dims[2]), dims[3]),
+                                   static_cast<int64_t>(DTypeSize(dtype)));
+      const std::string field = absl::StrCat("header.", kTensorNames[i], "_region");
+      const std::string what = absl::StrCat(
+          kTensorNames[i], " ", ShapeString(dims[0], dims[1], dims[2], dims[3], dtype));
+      ATTN_ASSIGN_OR_RETURN(RegionSlice slice,
+                            ResolveRegionRef(options_.regions, options_.region_owner, *refs[i],
+                                             field, bytes, what));
+      absl::StatusOr<HostTensor> t =
+          TensorFromSlice(slice, dtype, dims, options_.tracker, options_.host_memory);
+      if (!t.ok()) {
+        return absl::Status(t.status().code(), absl::StrCat(field, ": ", t.status().message()));
+      }
+      (*tensors)[i] = *std::move(t);
+      (*from_region)[i] = true;
+      continue;
+    }
+    absl::StatusOr<HostTensor> t =
+        HostTensor::Create(dtype, dims, options_.tracker, options_.host_memory);
+    if (!t.ok()) {
+      return absl::Status(t.status().code(),
+                          absl::StrCat(kTensorNames[i], ": ", t.status().message()));
+    }
+    (*tensors)[i] = *std::move(t);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
+                                              const AttentionShape& shape, DType dtype) {
+  if (header.has_lse_region() && !header.has_o_region()) {
+    return absl::InvalidArgumentError("header.lse_region: only allowed together with o_region");
+  }
+  if (header.has_lse_region() && !header.return_lse()) {
+    return absl::InvalidArgumentError("header.lse_region: set, but return_lse is false");
+  }
+  if (!header.has_o_region()) return absl::OkStatus();
+  if (header.return_lse() && !header.has_lse_region()) {
+    return absl::InvalidArgumentError(
+        "header.lse_region: required with o_region when return_lse is true");
+  }
+  const int64_t o_bytes = SatMul(
+      SatMul(SatMul(SatMul(shape.batch, shape.tokens), shape.q_heads), shape.head_dim),
+      static_cast<int64_t>(DTypeSize(dtype)));
+  ATTN_ASSIGN_OR_RETURN(
+      RegionSlice o,
+      ResolveRegionRef(options_.regions, options_.region_owner, header.o_region(),
+                       "header.o_region", o_bytes,
+                       absl::StrCat("o ", ShapeString(shape.batch, shape.tokens, shape.q_heads,
+                                                      shape.head_dim, dtype))));
+  o_slice_ = std::move(o);
+  if (header.return_lse()) {
+    const int64_t lse_bytes =
+        SatMul(SatMul(SatMul(shape.batch, shape.q_heads), shape.tokens), int64_t{4});
+    absl::StatusOr<RegionSlice> lse = ResolveRegionRef(
+        options_.regions, options_.region_owner, header.lse_region(), "header.lse_region",
+        lse_bytes,
+        absl::StrCat("lse [", shape.batch, ", ", shape.q_heads, ", ", shape.tokens, "] f32"));
+    if (!lse.ok()) {
+      o_slice_.reset();
+      return lse.status();
+    }
+    lse_slice_ = *std::move(lse);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestAssembler::WriteOutputs(const HostTensor& o, const HostTensor& lse) const {
+  if (!o_slice_) return absl::OkStatus();
+  ATTN_RETURN_IF_ERROR(WriteToSlice(*o_slice_, o));
+  if (lse_slice_) ATTN_RETURN_IF_ERROR(WriteToSlice(*lse_slice_, lse));
   return absl::OkStatus();
 }
 
@@ -176,6 +258,10 @@ absl::Status RequestAssembler::AddChunk(const v1::TensorChunk& chunk) {
                      TensorKindName(chunk.tensor())));
   }
   const absl::string_view name = kTensorNames[index];
+  if (from_region_[index]) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk for ", name, ": header.", name,
+                                                   "_region already supplies ", name));
+  }
   const int64_t size = static_cast<int64_t>(chunk.data().size());
   if (size > options_.max_chunk_bytes) {
     return absl::InvalidArgumentError(

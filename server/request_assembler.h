@@ -8,12 +8,14 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attnserve.pb.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
+#include "server/regions/region_refs.h"
 
 namespace attnserve {
 
@@ -28,6 +30,11 @@ struct AssemblerOptions {
   // Where Q, K and V live: the devices' host memory (page-locked on a GPU host, so the copies to
   // the device run at the bus's rate). Not owned; null: plain memory.
   HostMemory* host_memory = nullptr;
+  // Shared-memory regions named by AttendHeader's *_region refs. Not owned; null: refs are
+  // refused (FAILED_PRECONDITION). `region_owner` is the caller's identity for the registry
+  // (today the empty string: see server/regions/region_registry.h).
+  RegionRegistry* regions = nullptr;
+  std::string region_owner;
 };
 
 // Byte ranges [start, end) received so far for one tensor, merged as they touch. Insert is
@@ -53,11 +60,12 @@ class RequestAssembler {
   absl::Status Add(const v1::AttendRequest& request);
   // INVALID_ARGUMENT "header: sent twice"; then validation (dtype set, dims >= 1, q_heads a
   // multiple of kv_heads, the spec), RESOURCE_EXHAUSTED when Q + K + V exceed max_request_bytes,
-  // then the allocation of Q, K and V.
+  // then the region refs (leases taken; a tensor with a ref counts as received, as a view of the
+  // region's bytes) and the allocation of the others.
   absl::Status AddHeader(const v1::AttendHeader& header);
   // Copies a chunk into its tensor: "header: must be the first message" before the header; the
   // tensor must be Q, K or V; offset >= 0; the range inside the tensor and not overlapping any
-  // range received before; payload <= max_chunk_bytes.
+  // range received before; payload <= max_chunk_bytes; the tensor has no region ref.
   absl::Status AddChunk(const v1::TensorChunk& chunk);
 
   bool has_header() const { return has_header_; }
@@ -81,7 +89,21 @@ class RequestAssembler {
   HostTensor TakeK() { return std::move(tensors_[1]); }
   HostTensor TakeV() { return std::move(tensors_[2]); }
 
+  // True when the header named o_region: the outputs go into regions, not onto the stream.
+  bool outputs_in_regions() const { return o_slice_.has_value(); }
+  // Copies O (and LSE when the header named lse_region) into their regions. Thread-safe against
+  // nothing else of the assembler's; call once the job is done.
+  absl::Status WriteOutputs(const HostTensor& o, const HostTensor& lse) const;
+
  private:
+  // The region refs of a validated header: q/k/v tensors taken from regions (the others are
+  // allocated) and the output slices.
+  absl::Status ResolveTensors(const v1::AttendHeader& header, const AttentionShape& shape,
+                              DType dtype, std::array<HostTensor, 3>* tensors,
+                              std::array<bool, 3>* from_region);
+  absl::Status ResolveOutputs(const v1::AttendHeader& header, const AttentionShape& shape,
+                              DType dtype);
+
   const AssemblerOptions options_;
   bool has_header_ = false;
   v1::AttendHeader header_;
@@ -92,6 +114,9 @@ class RequestAssembler {
   std::array<HostTensor, 3> tensors_;  // q, k, v
   std::array<int64_t, 3> tensor_bytes_{};
   std::array<ByteRangeSet, 3> received_;
+  std::array<bool, 3> from_region_{};
+  std::optional<RegionSlice> o_slice_;
+  std::optional<RegionSlice> lse_slice_;
   int64_t received_bytes_ = 0;
   int64_t total_bytes_ = 0;
 };

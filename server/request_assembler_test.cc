@@ -1,7 +1,14 @@
 #include "server/request_assembler.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstring>
 #include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -170,6 +177,61 @@ TEST(RequestAssemblerTest, ValidatesHeaderFields) {
   h.set_response_chunk_bytes(-5);
   EXPECT_THAT(a.AddHeader(h).message(), HasSubstr("header.response_chunk_bytes"));
   EXPECT_FALSE(a.has_header());
+}
+
+// Region refs: a tensor with a ref arrives with the header (a view of the region's bytes), its
+// chunks are refused, the others still stream; outputs go to the o/lse slices.
+TEST(RequestAssemblerTest, RegionRefsSupplyTensors) {
+  const std::string key = absl::StrCat("/attn_asm_test_", getpid());
+  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 16), 0);
+  close(fd);
+  auto registry = MakeRegionRegistry({});
+  ASSERT_TRUE(registry->RegisterSystem("", "r", key, 0, 1 << 16).ok());
+  shm_unlink(key.c_str());  // the server's mapping keeps the memory
+  const int64_t q_bytes = 16 * 4 * 8 * 4, kv_bytes = 16 * 2 * 8 * 4, lse_bytes = 4 * 16 * 4;
+  v1::AttendHeader h = Header(1, 16, 4, 2, 8, v1::DTYPE_F32);
+  h.mutable_q_region()->set_region("r");
+  h.mutable_q_region()->set_bytes(q_bytes);
+  h.mutable_o_region()->set_region("r");
+  h.mutable_o_region()->set_offset(4096);
+  h.mutable_o_region()->set_bytes(q_bytes);
+  h.set_return_lse(true);
+  h.mutable_lse_region()->set_region("r");
+  h.mutable_lse_region()->set_offset(8192);
+  h.mutable_lse_region()->set_bytes(lse_bytes);
+  RequestAssembler a(AssemblerOptions{.regions = registry.get()});
+  ASSERT_TRUE(a.AddHeader(h).ok());
+  EXPECT_TRUE(a.outputs_in_regions());
+  EXPECT_FALSE(a.all_received());
+  absl::Status s = a.AddChunk(Chunk(v1::TENSOR_Q, 0, 64));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("chunk for q: header.q_region already supplies q"));
+  ASSERT_TRUE(a.AddChunk(Chunk(v1::TENSOR_K, 0, kv_bytes)).ok());
+  ASSERT_TRUE(a.AddChunk(Chunk(v1::TENSOR_V, 0, kv_bytes)).ok());
+  EXPECT_TRUE(a.all_received());
+  HostTensor q = a.TakeQ();
+  EXPECT_TRUE(q.is_view());
+  auto lease = registry->Acquire("", "r");
+  ASSERT_TRUE(lease.ok());
+  std::memset((*lease)->host_data(), 3, 64);
+  EXPECT_EQ(static_cast<uint8_t>(q.data()[0]), 3);  // the region's bytes, not a copy
+  HostTensor o = *HostTensor::Create(DType::kF32, {1, 16, 4, 8});
+  HostTensor lse = *HostTensor::Create(DType::kF32, {1, 4, 16});
+  o.FillBytes(0x11);
+  lse.FillBytes(0x22);
+  ASSERT_TRUE(a.WriteOutputs(o, lse).ok());
+  EXPECT_EQ(static_cast<uint8_t>((*lease)->host_data()[4096 + q_bytes - 1]), 0x11);
+  EXPECT_EQ(static_cast<uint8_t>((*lease)->host_data()[8192]), 0x22);
+
+  // lse_region is required with o_region when return_lse, and refs need a registry.
+  v1::AttendHeader no_lse = h;
+  no_lse.clear_lse_region();
+  RequestAssembler b(AssemblerOptions{.regions = registry.get()});
+  EXPECT_THAT(b.AddHeader(no_lse).message(), HasSubstr("header.lse_region"));
+  RequestAssembler c(AssemblerOptions{});
+  EXPECT_EQ(c.AddHeader(h).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "client/attnctl/common.h"
 #include "client/attnctl/output.h"
 #include "client/attnctl/problem.h"
+#include "client/attnctl/regions.h"
 #include "core/util/json.h"
 
 ABSL_FLAG(int64_t, concurrency, 1, "threads sending requests (at most 1024)");
@@ -289,6 +290,8 @@ int BenchMain(const FlagSet& flags) {
   if (absl::Status s = ValidateCheckFlags(problem->q); !s.ok()) return UsageError("bench", s);
   absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
   if (!client.ok()) return UsageError("bench", client.status());
+  absl::StatusOr<RegionMode> region_mode = RegionModeFromFlags();
+  if (!region_mode.ok()) return UsageError("bench", region_mode.status());
 
   client::AttendInput input;
   input.q = &problem->q;
@@ -297,7 +300,21 @@ int BenchMain(const FlagSet& flags) {
   input.spec = problem->spec;
   input.return_lse = load->keep_first_result;
   input.placement = *placement;
+  // --shm / --cuda-ipc: every request reads the one region (and writes the same O into it).
+  std::unique_ptr<RegionSession> regions;
+  if (*region_mode != RegionMode::kNone) {
+    absl::StatusOr<std::unique_ptr<RegionSession>> session = RegionSession::Start(
+        **client, *problem, *region_mode, static_cast<int>(absl::GetFlag(FLAGS_cuda_device)));
+    if (!session.ok()) return Report("region set-up", session.status(), kExitLocal);
+    regions = *std::move(session);
+    regions->Apply(&input);
+  }
   BenchStats stats = RunLoad(**client, input, *load);
+  if (regions && stats.first_result) {
+    if (absl::Status s = regions->ReadOutputs(&*stats.first_result); !s.ok()) {
+      return Report("reading the outputs back", s, kExitLocal);
+    }
+  }
 
   std::optional<CheckOutcome> outcome;
   if (stats.first_result) {
@@ -322,17 +339,21 @@ Command BenchCommand() {
   for (const FlagUse& use : ProblemFlags()) flags.push_back(use);
   flags.insert(flags.end(), {{"concurrency", "C"}, {"requests", "R"}, {"duration", "DURATION"}});
   for (const FlagUse& use : CheckFlags()) flags.push_back(use);
-  flags.insert(flags.end(), {PlacementFlag(), {"chunk_bytes", "N"}, {"json", ""}});
+  flags.insert(flags.end(),
+               {PlacementFlag(), {"chunk_bytes", "N"}, {"connections", "N"}, {"json", ""}});
+  for (const FlagUse& use : RegionFlags()) flags.push_back(use);
   return Command{
       "bench",
       "bench --server HOST:PORT --random B,N,Hq,Hkv,D (--requests R | --duration 10s)\n"
       "      [--concurrency C] [--spec JSON] [--causal] [--dtype bf16] [--seed S] [--check]\n"
-      "      [--tolerance T] [--json] [--timeout 5m] [--chunk-bytes N] [--max-attempts N]\n"
-      "      [--placement auto|single|data|ring]",
+      "      [--tolerance T] [--json] [--timeout 5m] [--chunk-bytes N] [--connections N]\n"
+      "      [--max-attempts N]\n"
+      "      [--placement auto|single|data|ring] [--shm | --cuda-ipc [--cuda-device N]]",
       "Sends --requests requests (or as many as fit in --duration) from --concurrency threads\n"
       "and prints requests/s, tokens/s (B * N per request), p50/p90/p99 latency and errors by\n"
       "gRPC code; --json prints one JSON object instead. On a terminal a live progress line\n"
-      "goes to stderr. --check verifies the first response against the reference.\n",
+      "goes to stderr. --check verifies the first response against the reference.\n"
+      "--shm / --cuda-ipc: inputs and outputs through one shared region (see run --help).\n",
       std::move(flags),
       &BenchMain,
   };

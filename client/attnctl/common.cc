@@ -14,6 +14,8 @@ ABSL_FLAG(int64_t, max_attempts, attnserve::client::ClientOptions().max_attempts
 ABSL_FLAG(int64_t, chunk_bytes, attnserve::client::ClientOptions().chunk_bytes,
           "upload chunk size; the server accepts up to its --max-chunk-bytes, 64 MiB by default");
 ABSL_FLAG(bool, json, false, "print JSON instead of text");
+ABSL_FLAG(int64_t, connections, attnserve::client::ClientOptions().connections,
+          "TCP connections concurrent calls are spread over (1..64)");
 
 namespace attnserve::attnctl {
 
@@ -63,6 +65,9 @@ absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags() {
   absl::StatusOr<int64_t> attempts = IntAtLeast(FLAGS_max_attempts, 1);
   if (!attempts.ok()) return attempts.status();
   options.max_attempts = static_cast<int>(std::min<int64_t>(*attempts, 100));
+  absl::StatusOr<int64_t> connections = IntAtLeast(FLAGS_connections, 1);
+  if (!connections.ok()) return connections.status();
+  options.connections = static_cast<int>(std::min<int64_t>(*connections, 64));
   return client::AttnClient::Create(options);
 }
 

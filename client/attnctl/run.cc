@@ -15,6 +15,7 @@
 #include "client/attnctl/common.h"
 #include "client/attnctl/output.h"
 #include "client/attnctl/problem.h"
+#include "client/attnctl/regions.h"
 #include "core/tensor/npy.h"
 
 ABSL_FLAG(std::string, q, "", "Q as .npy, [B, N, Hq, D]");
@@ -131,6 +132,8 @@ int RunMain(const FlagSet& flags) {
   if (absl::Status s = ValidateCheckFlags(problem->q); !s.ok()) return UsageError("run", s);
   absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
   if (!client.ok()) return UsageError("run", client.status());
+  absl::StatusOr<RegionMode> region_mode = RegionModeFromFlags();
+  if (!region_mode.ok()) return UsageError("run", region_mode.status());
 
   client::AttendInput input;
   input.q = &problem->q;
@@ -139,6 +142,19 @@ int RunMain(const FlagSet& flags) {
   input.spec = problem->spec;
   input.return_lse = true;
   input.placement = *placement;
+  std::unique_ptr<RegionSession> regions;  // --shm / --cuda-ipc; unregistered at the end
+  if (*region_mode != RegionMode::kNone) {
+    absl::StatusOr<std::unique_ptr<RegionSession>> session = RegionSession::Start(
+        **client, *problem, *region_mode, static_cast<int>(absl::GetFlag(FLAGS_cuda_device)));
+    if (!session.ok()) {
+      return Report("region set-up", session.status(),
+                    session.status().code() == absl::StatusCode::kFailedPrecondition
+                        ? kExitLocal
+                        : RpcExitCode(session.status()));
+    }
+    regions = *std::move(session);
+    regions->Apply(&input);
+  }
   client::CallOptions call;
   call.timeout = *timeout;
   ProgressBar bar;
@@ -152,7 +168,13 @@ int RunMain(const FlagSet& flags) {
     return Report(absl::StrCat("Attend to ", (*client)->options().target, " failed"),
                   result.status(), local ? kExitLocal : RpcExitCode(result.status()));
   }
+  if (regions) {
+    if (absl::Status s = regions->ReadOutputs(&*result); !s.ok()) {
+      return Report("reading the outputs back", s, kExitLocal);
+    }
+  }
   PrintResult(flags, *problem, *result);
+  if (regions) std::printf("regions    %s\n", regions->Description().c_str());
   if (int exit_code = WriteOutputs(flags, *result); exit_code != kExitOk) return exit_code;
   if (!CheckRequested()) return kExitOk;
   absl::StatusOr<CheckOutcome> outcome = CheckAgainstReference(*problem, *result);
@@ -173,18 +195,23 @@ Command RunCommand() {
   flags.insert(flags.end(), {{"out", "FILE"}, {"lse", "FILE"}});
   for (const FlagUse& use : CheckFlags()) flags.push_back(use);
   flags.insert(flags.end(), {PlacementFlag(), {"chunk_bytes", "N"}, {"quiet", ""}});
+  for (const FlagUse& use : RegionFlags()) flags.push_back(use);
   return Command{
       "run",
       "run --server HOST:PORT (--q q.npy --k k.npy --v v.npy | --random B,N,Hq,Hkv,D)\n"
       "      [--spec JSON] [--causal] [--dtype f32|f16|bf16] [--seed S] [--out o.npy]\n"
       "      [--lse lse.npy] [--check] [--tolerance T] [--timeout 5m] [--chunk-bytes N]\n"
-      "      [--max-attempts N] [--placement auto|single|data|ring] [--quiet]",
+      "      [--max-attempts N] [--placement auto|single|data|ring] [--quiet]\n"
+      "      [--shm | --cuda-ipc [--cuda-device N]]",
       "Sends one request and prints shape, backend, devices, timings, sparsity and GFLOP/s.\n"
       "Inputs come from .npy files (bf16 files hold the raw bits as '<u2': pass --dtype bf16)\n"
       "or, with --random, from a seeded uniform [-1, 1) generator (--dtype, default bf16).\n"
       "--check compares O and LSE with the float64 reference computed locally (small sizes\n"
       "only) and prints the max relative error of O and the max absolute error of LSE.\n"
-      "Uploads and downloads over 64 MiB draw a progress bar when stderr is a terminal.\n",
+      "Uploads and downloads over 64 MiB draw a progress bar when stderr is a terminal.\n"
+      "--shm (same host as the server) passes Q/K/V and O/LSE through one POSIX shared memory\n"
+      "region registered for the run, --cuda-ipc through CUDA IPC device memory (same GPU\n"
+      "host; attnctl built with CUDA); the region is unregistered at the end.\n",
       std::move(flags),
       &RunMain,
   };

@@ -196,6 +196,8 @@ class AttentionServiceImpl::AttendReactor final
     AssemblerOptions o = service->options_.limits;
     o.tracker = &service->request_memory_;
     o.host_memory = &service->pool_->device(0).host_memory();
+    o.regions = service->regions_.get();
+    o.region_owner = "";  // one namespace per server today (server/regions/region_registry.h)
     return o;
   }
 
@@ -262,6 +264,12 @@ class AttentionServiceImpl::AttendReactor final
 
   // From a worker (or the scheduler) thread, exactly once per submitted job.
   void OnJobDone(JobResult result) {
+    // Outputs named by region refs are written here, before mu_: the assembler's slices were set
+    // with the header and do not change after the job was submitted.
+    if (result.status.ok() && assembler_.outputs_in_regions()) {
+      result.status = assembler_.WriteOutputs(result.outputs.o, result.outputs.lse);
+      result.outputs = AttentionOutputs();  // the response carries the header only
+    }
     Actions a;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -300,8 +308,13 @@ class AttentionServiceImpl::AttendReactor final
     const v1::AttendHeader& h = assembler_.header();
     const HostTensor& o = result_.outputs.o;
     const HostTensor& lse = result_.outputs.lse;
-    const int64_t o_bytes = static_cast<int64_t>(o.nbytes());
-    const int64_t lse_bytes = h.return_lse() ? static_cast<int64_t>(lse.nbytes()) : 0;
+    const bool in_regions = assembler_.outputs_in_regions();
+    const int64_t elem = static_cast<int64_t>(DTypeSize(assembler_.dtype()));
+    const int64_t o_bytes = in_regions ? h.batch() * h.tokens() * h.q_heads() * h.head_dim() * elem
+                                       : static_cast<int64_t>(o.nbytes());
+    const int64_t lse_bytes = !h.return_lse() ? 0
+                              : in_regions    ? h.batch() * h.q_heads() * h.tokens() * 4
+                                              : static_cast<int64_t>(lse.nbytes());
     if (!header_sent_) {
       header_sent_ = true;
       v1::AttendResponseHeader* r = response_.mutable_header();
@@ -324,6 +337,12 @@ class AttentionServiceImpl::AttendReactor final
       r->set_copy_bytes(result_.info.copy_bytes);
       r->set_sparsity(result_.info.sparsity);
       r->set_flops(result_.info.flops);
+      r->set_outputs_in_regions(in_regions);
+    } else if (in_regions) {
+      // O and LSE are in the caller's regions already: the header was the whole response.
+      all_written_ = true;
+      if (half_closed_) final_ = absl::OkStatus();
+      return a;
     } else {
       const int64_t chunk = assembler_.response_chunk_bytes();
       const bool on_o = send_offset_ < o_bytes;

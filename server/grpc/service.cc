@@ -29,13 +29,29 @@ absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> AttentionServiceImpl::Crea
         absl::StrCat("--chunk-bytes: must be in [1, --max-chunk-bytes=", l.max_chunk_bytes,
                      "], got ", l.default_response_chunk_bytes));
   }
+  if (options.max_regions < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-regions: must be >= 0, got ", options.max_regions));
+  }
   return std::unique_ptr<AttentionServiceImpl>(
       new AttentionServiceImpl(options, pool, scheduler, metrics));
 }
 
 AttentionServiceImpl::AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool,
                                            Scheduler* scheduler, Metrics* metrics)
-    : options_(options), pool_(pool), scheduler_(scheduler), metrics_(metrics) {}
+    : options_(options), pool_(pool), scheduler_(scheduler), metrics_(metrics) {
+  RegionRegistryOptions regions;
+  regions.max_regions = options.max_regions;
+  regions.host_memory = &pool->device(0).host_memory();
+  regions_ = MakeRegionRegistry(regions);
+  RegionRegistry* registry = regions_.get();
+  metrics_->SetRegionSource([registry] { return registry->Totals(); });
+}
+
+AttentionServiceImpl::~AttentionServiceImpl() {
+  metrics_->SetRegionSource(nullptr);
+  regions_->ReleaseAll();
+}
 
 void AttentionServiceImpl::CallStarted() {
   std::lock_guard<std::mutex> lock(calls_mu_);

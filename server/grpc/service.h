@@ -17,6 +17,7 @@
 #include "core/tensor/tensor.h"
 #include "server/device_pool.h"
 #include "server/metrics.h"
+#include "server/regions/region_registry.h"
 #include "server/request_assembler.h"
 #include "server/scheduler.h"
 
@@ -26,6 +27,7 @@ struct ServiceOptions {
   // Request limits (max_request_bytes, max_chunk_bytes) and the default response chunk size.
   AssemblerOptions limits;  // `tracker` is ignored: the service charges its own
   int max_queue = 64;       // reported by Describe (the scheduler enforces it)
+  int max_regions = 64;     // shared-memory regions registered at once (--max-regions)
 };
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
@@ -41,6 +43,17 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
                                      const v1::DescribeRequest* request,
                                      v1::DescribeResponse* response) override;
+  // Shared-memory regions (grpc/regions.cc).
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
+  ~AttentionServiceImpl() override;
 
   // From now on new Attend calls fail with UNAVAILABLE "server is draining"; calls in progress
   // continue.
@@ -51,6 +64,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   int64_t active_calls() const;
   // Bytes of Q/K/V buffers held by calls in progress (uploading, queued or running).
   int64_t request_buffer_bytes() const { return request_memory_.in_use_bytes(); }
+  // Drops every region registration (server shutdown); requests still holding leases keep their
+  // regions mapped until they end.
+  void ReleaseRegions() { regions_->ReleaseAll(); }
+  RegionRegistry& regions() { return *regions_; }
 
   // What Describe returns.
   v1::DescribeResponse BuildDescribe() const;
@@ -69,6 +86,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   Scheduler* const scheduler_;
   Metrics* const metrics_;
   MemoryTracker request_memory_;
+  std::unique_ptr<RegionRegistry> regions_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
 

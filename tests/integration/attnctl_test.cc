@@ -94,6 +94,27 @@ TEST_F(AttnctlTest, RunRandomWithCheck) {
   EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
 }
 
+// --shm: the same request through a shared-memory region, checked the same way; the region is
+// gone afterwards. --cuda-ipc in a CPU build says so (exit 1).
+TEST_F(AttnctlTest, RunAndBenchThroughSharedMemory) {
+  const uint64_t seed = FreshSeed();
+  CommandResult r = Attnctl({"run", Server(), "--random=1,260,4,2,64", "--dtype=f32",
+                             absl::StrCat("--seed=", seed), "--causal", "--check",
+                             "--tolerance=1e-5", "--shm"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.output, "regions    shm /")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+  r = Attnctl({"bench", Server(), "--random=1,128,2,2,64", "--requests=6", "--concurrency=2",
+               "--check", "--shm"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+  auto list = server_->NewClient()->ListRegions();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->regions_size(), 0);
+  r = Attnctl({"run", Server(), "--random=1,64,2,2,64", "--shm", "--cuda-ipc"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 TEST_F(AttnctlTest, RunNpyInputsWritesOutputs) {
   absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("attnctl_npy_");
   ASSERT_TRUE(dir.ok());

@@ -1,0 +1,90 @@
+// RegisterRegion, UnregisterRegion, ListRegions: unary calls over the service's RegionRegistry
+// (server/regions/). The owner passed to the registry is the empty string today: one namespace per
+// server (see region_registry.h for how a caller identity would scope them).
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/grpc/service.h"
+#include "spdlog/spdlog.h"
+#include "wire/status.h"
+
+namespace attnserve {
+namespace {
+
+// Today every caller shares one namespace; a later change passes the caller's identity here.
+std::string OwnerOf(const grpc::CallbackServerContext& /*context*/) { return ""; }
+
+void ToProto(const RegionInfo& info, v1::RegionStatus* out) {
+  out->set_name(info.name);
+  out->set_kind(std::string(RegionKindName(info.kind)));
+  out->set_bytes(info.bytes);
+  out->set_shm_key(info.shm_key);
+  out->set_offset(info.offset);
+  out->set_device(info.device);
+  out->set_leases(info.leases);
+  out->set_closing(info.closing);
+  out->set_page_locked(info.page_locked);
+}
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::RegisterRegion(
+    grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
+    v1::RegisterRegionResponse* response) {
+  absl::StatusOr<RegionInfo> info;
+  switch (request->kind_case()) {
+    case v1::RegisterRegionRequest::kSystem: {
+      const v1::SystemRegion& r = request->system();
+      info = regions_->RegisterSystem(OwnerOf(*context), request->name(), r.shm_key(), r.offset(),
+                                      r.bytes());
+      break;
+    }
+    case v1::RegisterRegionRequest::kCudaIpc: {
+      const v1::CudaIpcRegion& r = request->cuda_ipc();
+      info = regions_->RegisterCudaIpc(OwnerOf(*context), request->name(), r.handle(), r.device(),
+                                       r.bytes());
+      break;
+    }
+    case v1::RegisterRegionRequest::KIND_NOT_SET:
+      info = absl::InvalidArgumentError("kind: one of system, cuda_ipc must be set");
+      break;
+  }
+  if (!info.ok()) {
+    spdlog::warn("register region '{}': {}", request->name(), info.status().ToString());
+    return FinishWith(context, info.status());
+  }
+  spdlog::info("register region '{}': {} {} bytes{}", info->name, std::string(RegionKindName(info->kind)),
+               info->bytes, info->shm_key.empty() ? "" : absl::StrCat(" at ", info->shm_key));
+  ToProto(*info, response->mutable_region());
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse* response) {
+  absl::StatusOr<UnregisterOutcome> out = regions_->Unregister(OwnerOf(*context), request->name());
+  if (!out.ok()) return FinishWith(context, out.status());
+  spdlog::info("unregister region '{}'{}", request->name(),
+               out->in_use ? absl::StrCat(": ", out->leases, " request(s) still use it") : "");
+  response->set_in_use(out->in_use);
+  response->set_leases(out->leases);
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListRegions(
+    grpc::CallbackServerContext* context, const v1::ListRegionsRequest* /*request*/,
+    v1::ListRegionsResponse* response) {
+  for (const RegionInfo& info : regions_->List(OwnerOf(*context))) {
+    ToProto(info, response->add_regions());
+  }
+  return FinishWith(context, absl::OkStatus());
+}
+
+}  // namespace attnserve
