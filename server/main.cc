@@ -70,6 +70,9 @@ ABSL_FLAG(int64_t, pinned_host_cap_bytes, 0,
 ABSL_FLAG(std::string, sm90_schedule, "persistent",
           "CUDA backend: the Hopper kernel's schedule: persistent | warp_specialized | "
           "single_tile");
+ABSL_FLAG(int, lanes_per_gpu, 2,
+          "CUDA backend: requests one GPU runs at once, each on its own stream so that one's "
+          "copies overlap another's kernels (1: one at a time)");
 
 namespace attnserve {
 namespace {
@@ -114,6 +117,11 @@ absl::StatusOr<CudaOptions> CudaOptionsFromFlags() {
   if (!schedule.ok()) return schedule.status();
   options.flash.sm90_schedule = *schedule;
   options.pinned_host_cap_bytes = absl::GetFlag(FLAGS_pinned_host_cap_bytes);
+  options.lanes = absl::GetFlag(FLAGS_lanes_per_gpu);
+  if (options.lanes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lanes-per-gpu: must be >= 1, got ", options.lanes));
+  }
   return CudaOptionsFromEnv(options);
 }
 

@@ -19,6 +19,15 @@ int64_t SatAdd(int64_t a, int64_t b) {
   return out;
 }
 
+// Where each device's lane workers start in the flat worker list, then the total.
+std::vector<size_t> FirstWorkers(const DevicePool& pool) {
+  std::vector<size_t> first{0};
+  for (size_t d = 0; d < pool.size(); ++d) {
+    first.push_back(first.back() + static_cast<size_t>(std::max(1, pool.device(d).lanes())));
+  }
+  return first;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
@@ -52,7 +61,15 @@ Scheduler::Scheduler(const SchedulerOptions& options, DevicePool* pool, Metrics*
       metrics_(metrics),
       planner_(std::move(planner)),
       nccl_groups_(MakeNcclGroups()),
-      workers_(pool->size()) {}
+      first_worker_(FirstWorkers(*pool)),
+      workers_(first_worker_.back()) {
+  for (size_t d = 0; d < pool->size(); ++d) {
+    for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) {
+      workers_[w].device = d;
+      workers_[w].lane = static_cast<int>(w - FirstWorker(d));
+    }
+  }
+}
 
 Scheduler::~Scheduler() { Shutdown(); }
 
@@ -66,22 +83,41 @@ int64_t Scheduler::IdleBudget(size_t index) const {
                 std::max(stats.memory_reserved_bytes, stats.memory_used_bytes));
 }
 
+size_t Scheduler::FreeLanesLocked(size_t d) const {
+  size_t n = 0;
+  for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) n += workers_[w].busy ? 0 : 1;
+  return n;
+}
+
+int64_t Scheduler::ReservedBytesLocked(size_t d) const {
+  int64_t n = 0;
+  for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) n = SatAdd(n, workers_[w].reserved_bytes);
+  return n;
+}
+
 std::vector<DeviceLoad> Scheduler::LoadsLocked(const Job& job) const {
-  std::vector<DeviceLoad> loads(workers_.size());
-  for (size_t i = 0; i < workers_.size(); ++i) {
+  std::vector<DeviceLoad> loads(pool_->size());
+  for (size_t i = 0; i < loads.size(); ++i) {
     const Device& d = pool_->device(i);
     const DeviceStats stats = d.Stats();
+    // The estimates of the single-device jobs running there (0 on an idle device): a job that
+    // has not allocated yet may still take that much, one that has shows in used bytes.
+    const int64_t running = ReservedBytesLocked(i);
     DeviceLoad& l = loads[i];
     l.index = i;
     l.device = &d;
-    l.busy = workers_[i].busy;
+    l.busy = FreeLanesLocked(i) == 0;  // a multi-device job waits for every lane (DispatchLocked)
     l.estimate_bytes = d.EstimateBytes(job.spec, job.shape, job.dtype);
-    l.used_bytes = stats.memory_used_bytes;
+    // Orders the devices a single job may take: least loaded first.
+    l.used_bytes = std::max(stats.memory_used_bytes, running);
     if (options_.max_inflight_bytes) {
-      l.budget_bytes = *options_.max_inflight_bytes;
+      l.budget_bytes = std::max<int64_t>(0, *options_.max_inflight_bytes - running);
       l.idle_budget_bytes = *options_.max_inflight_bytes;
     } else {
-      l.budget_bytes = stats.memory_free_bytes;
+      // Free memory, less what the running jobs may still allocate (their estimates beyond what
+      // they hold now): conservative, as the estimates are upper bounds. Idle: the free memory.
+      const int64_t left = SatAdd(stats.memory_free_bytes, stats.memory_used_bytes) - running;
+      l.budget_bytes = std::max<int64_t>(0, std::min(stats.memory_free_bytes, left));
       l.idle_budget_bytes = SatAdd(stats.memory_free_bytes, stats.memory_used_bytes);
     }
   }
@@ -115,6 +151,14 @@ void Scheduler::DispatchLocked() {
     // devices then always has the same key, so its cached NCCL communicators are reused.
     std::vector<size_t> group = decision->devices;
     std::sort(group.begin(), group.end());
+    // A multi-device job takes every lane of its devices: it waits for them all. FIFO keeps
+    // anything behind it from starting meanwhile, so the lanes running now drain and no single
+    // job overtakes it.
+    for (size_t d : group) {
+      const size_t free = FreeLanesLocked(d);
+      if (free == 0 || (group.size() > 1 && free != EndWorker(d) - FirstWorker(d))) return;
+    }
+    const int64_t estimate = group.size() == 1 ? loads[group.front()].estimate_bytes : 0;
     std::vector<Device*> devices;
     for (size_t i : group) devices.push_back(&pool_->device(i));
     GroupEnv env;
@@ -136,18 +180,48 @@ void Scheduler::DispatchLocked() {
     };
     auto run = std::make_shared<GroupRun>(decision->placement, head.job, std::move(devices),
                                           std::move(env));
-    for (size_t r = 0; r < group.size(); ++r) {
-      Worker& w = workers_[group[r]];
-      w.busy = true;
-      w.run = run;
-      w.job = head.job;
-      w.group = group;
-      w.rank = static_cast<int>(r);
-      w.submitted = head.submitted;
-    }
+    ReserveLocked(run, head.job, group, estimate, head.submitted);
     queue_.pop_front();
     if (metrics_ != nullptr) metrics_->SetQueueLength(static_cast<int64_t>(queue_.size()));
     cv_.notify_all();
+  }
+}
+
+void Scheduler::ReserveLocked(const std::shared_ptr<GroupRun>& run,
+                              const std::shared_ptr<Job>& job, const std::vector<size_t>& group,
+                              int64_t estimate, absl::Time submitted) {
+  for (size_t r = 0; r < group.size(); ++r) {
+    const size_t d = group[r];
+    size_t part = EndWorker(d);  // the lane that runs this rank's part
+    for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) {
+      if (workers_[w].busy) continue;  // only for a single job: a group's devices are all free
+      if (part == EndWorker(d)) part = w;
+      if (group.size() == 1) break;
+      workers_[w].busy = true;
+    }
+    Worker& w = workers_[part];
+    w.busy = true;
+    w.reserved_bytes = estimate;
+    w.run = run;
+    w.job = job;
+    w.group = group;
+    w.rank = static_cast<int>(r);
+    w.submitted = submitted;
+  }
+}
+
+void Scheduler::ReleaseLocked(size_t worker, const std::vector<size_t>& group) {
+  auto release = [this](size_t w) {
+    workers_[w].busy = false;
+    workers_[w].reserved_bytes = 0;
+    workers_[w].group.clear();
+  };
+  if (group.size() == 1) {
+    release(worker);
+    return;
+  }
+  for (size_t d : group) {
+    for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) release(w);
   }
 }
 
@@ -175,8 +249,10 @@ void Scheduler::Cancel(const Job* job) {
 }
 
 void Scheduler::WorkerLoop(size_t index) {
-  // This worker's NCCL communicators (GPU rings): destroyed here, on this thread, when it exits.
-  std::unique_ptr<WorkerComms, WorkerCommsDeleter> comms = MakeWorkerComms();
+  // This worker's NCCL communicators (GPU rings, whose parts only lane 0 runs): destroyed here, on
+  // this thread, when it exits.
+  std::unique_ptr<WorkerComms, WorkerCommsDeleter> comms;
+  if (workers_[index].lane == 0) comms = MakeWorkerComms();
   for (;;) {
     std::shared_ptr<GroupRun> run;
     std::shared_ptr<Job> job;
@@ -196,7 +272,7 @@ void Scheduler::WorkerLoop(size_t index) {
     }
     const bool last = run->RunPart(rank, comms.get());
     {
-      // This worker's part is over; its device stays reserved (busy) until the whole group has
+      // This worker's part is over; its lanes stay reserved (busy) until the whole group has
       // finished. Cleared before the last part reports, so the dispatch that may give this
       // worker its next job always comes after.
       std::lock_guard<std::mutex> lock(mu_);
@@ -207,10 +283,7 @@ void Scheduler::WorkerLoop(size_t index) {
     Finish(*run, std::move(job), group, submitted);
     run.reset();
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i : group) {
-      workers_[i].busy = false;
-      workers_[i].group.clear();
-    }
+    ReleaseLocked(index, group);
     DispatchLocked();
   }
 }

@@ -1,9 +1,13 @@
 // Scheduler: a bounded FIFO of complete requests, admitted to devices by their memory estimate and
-// dispatched to one worker thread per device. It queues, admits and dispatches; what runs on the
-// devices is core/parallel's: a PlacementPlanner (placement_policy.h) picks the devices, a
-// GroupRun (group_run.h) runs one rank per reserved device on that device's worker (a single
-// device is a group of one), and the last worker to finish reports. The scheduler speaks core
-// types only; the RPC side converts at its edge (wire/).
+// dispatched to the devices' lane workers: Device::lanes() worker threads per device, each running
+// one job's part at a time. It queues, admits and dispatches; what runs on the devices is
+// core/parallel's: a PlacementPlanner (placement_policy.h) picks the devices, a GroupRun
+// (group_run.h) runs one rank per reserved device (a single device is a group of one), and the
+// last worker to finish reports. A single-device job takes one lane of its device; a multi-device
+// job (data parallel, ring) takes every lane of each of its devices and runs on their lane-0
+// workers (which own the NCCL communicators). Admission counts the estimates of the jobs already
+// running on a device. The scheduler speaks core types only; the RPC side converts at its edge
+// (wire/).
 #ifndef ATTNSERVE_SERVER_SCHEDULER_H_
 #define ATTNSERVE_SERVER_SCHEDULER_H_
 
@@ -52,7 +56,9 @@ struct Job : AttentionRequest {
 
 struct SchedulerOptions {
   int max_queue = 64;  // requests waiting for a device; more -> RESOURCE_EXHAUSTED
-  // Bytes one device may hold for a running request; nullopt: the device's free memory.
+  // Bytes one device may hold for its running requests together (a device with several lanes
+  // admits a request only if the estimates of those already running there leave room for it);
+  // nullopt: the device's free memory (less what the running requests may still allocate).
   std::optional<int64_t> max_inflight_bytes;
   // The CUDA choices multi-GPU runs use (the same the pool's devices were made with).
   CudaOptions cuda;
@@ -60,7 +66,8 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  // `pool` and `metrics` (may be null) must outlive the scheduler. Starts one worker per device.
+  // `pool` and `metrics` (may be null) must outlive the scheduler. Starts lanes() workers per
+  // device.
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
       const SchedulerOptions& options, DevicePool* pool, Metrics* metrics,
       std::unique_ptr<PlacementPlanner> planner = MakeSingleDevicePlanner());
@@ -74,17 +81,21 @@ class Scheduler {
   // Drops a queued job (done is called with CANCELLED, or DEADLINE_EXCEEDED past its deadline);
   // a running job stops at its next cancel poll because the caller has set job->cancel.
   void Cancel(const Job* job);
-  // Fails queued jobs with UNAVAILABLE, lets running ones finish, joins the workers. Idempotent.
+  // Fails queued jobs with UNAVAILABLE, lets running ones finish, joins every lane worker.
+  // Idempotent.
   void Shutdown();
 
   size_t queue_length() const;
-  size_t running() const;
+  size_t running() const;  // parts of jobs running now (one per lane worker that runs one)
 
  private:
-  // One device's worker. `run` is set while this device has a part of a job to run.
+  // One lane worker of a device. `run` is set while it has a part of a job to run.
   struct Worker {
     std::thread thread;
-    bool busy = false;          // reserved by a job (until the whole group has finished)
+    size_t device = 0;
+    int lane = 0;
+    bool busy = false;           // reserved by a job (until the whole group has finished)
+    int64_t reserved_bytes = 0;  // the estimate of the single-device job holding it (admission)
     std::shared_ptr<GroupRun> run;
     std::shared_ptr<Job> job;
     std::vector<size_t> group;  // every device of the job's placement, in rank order
@@ -99,6 +110,17 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, DevicePool* pool, Metrics* metrics,
             std::unique_ptr<PlacementPlanner> planner);
   std::vector<DeviceLoad> LoadsLocked(const Job& job) const;
+  // Device `d`'s lane workers: workers_[first_worker_[d], first_worker_[d + 1]).
+  size_t FirstWorker(size_t d) const { return first_worker_[d]; }
+  size_t EndWorker(size_t d) const { return first_worker_[d + 1]; }
+  size_t FreeLanesLocked(size_t d) const;
+  int64_t ReservedBytesLocked(size_t d) const;
+  // Reserves the lanes of a placement and hands out its parts: one free lane of a single device
+  // (its estimate counted there), or every lane of each device of a group, the part to lane 0.
+  void ReserveLocked(const std::shared_ptr<GroupRun>& run, const std::shared_ptr<Job>& job,
+                     const std::vector<size_t>& group, int64_t estimate, absl::Time submitted);
+  // Frees what ReserveLocked reserved for `group` (the single lane: `worker`).
+  void ReleaseLocked(size_t worker, const std::vector<size_t>& group);
   // Starts queued jobs while the head fits somewhere. Caller holds mu_.
   void DispatchLocked();
   void WorkerLoop(size_t index);
@@ -119,6 +141,7 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Queued> queue_;
+  const std::vector<size_t> first_worker_;  // per device, then the total (see FirstWorker)
   std::vector<Worker> workers_;
   bool stopping_ = false;
   bool joined_ = false;

@@ -19,9 +19,13 @@ namespace {
 using ::testing::HasSubstr;
 
 // A device whose runs block until released (or cancelled), to hold the queue in a known state.
+// With `lanes` > 1 the scheduler may run that many at once; `free_bytes` is its free memory.
 class GateDevice final : public Device {
  public:
-  explicit GateDevice(int index, int64_t estimate = 1000) : index_(index), estimate_(estimate) {}
+  explicit GateDevice(int index, int64_t estimate = 1000, int lanes = 1,
+                      int64_t free_bytes = int64_t{1} << 40)
+      : index_(index), estimate_(estimate), lanes_(lanes), free_bytes_(free_bytes) {}
+  int lanes() const override { return lanes_; }
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string name() const override { return absl::StrCat("cpu:", index_); }
   std::string uuid() const override { return absl::StrCat("cpu-", index_); }
@@ -32,51 +36,96 @@ class GateDevice final : public Device {
   }
   DeviceStats Stats() const override {
     DeviceStats s;
-    s.memory_free_bytes = int64_t{1} << 40;
+    s.memory_free_bytes = free_bytes_;
     return s;
   }
   HostMemory& host_memory() override { return host_memory_; }
   int64_t EstimateBytes(const AttentionSpec&, const AttentionShape&, DType) const override {
     return estimate_;
   }
-  absl::StatusOr<AttentionOutputs> Run(const AttentionSpec&, const HostTensor&, const HostTensor&,
-                                       const HostTensor&, const RunControl& control,
-                                       RunInfo* info) override {
+  absl::StatusOr<AttentionOutputs> Run(const AttentionSpec&, const HostTensor& q,
+                                       const HostTensor&, const HostTensor&,
+                                       const RunControl& control, RunInfo* info) override {
     std::unique_lock<std::mutex> lock(mu_);
     ++started_;
+    ++running_;
+    max_running_ = std::max(max_running_, running_);
     cv_.notify_all();
-    while (!open_) {
+    struct Leave {
+      GateDevice* d;
+      ~Leave() {
+        --d->running_;
+        ++d->finished_;
+        d->cv_.notify_all();
+      }
+    } leave{this};
+    while (!open_ && tokens_ == 0) {
       if (control.cancel != nullptr && control.cancel->load()) {
         return absl::CancelledError("cancelled while running");
       }
       cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
+    if (!open_) --tokens_;
     info->flops = 10;
-    return AttentionOutputs{};
+    AttentionOutputs out;
+    if (q.dims().size() == 4) {  // shaped outputs (zeros), so a data-parallel run can scatter them
+      out.o = *HostTensor::Create(q.dtype(), q.dims());
+      out.lse = *HostTensor::Create(DType::kF32, {q.dims()[0], q.dims()[2], q.dims()[1]});
+    }
+    return out;
   }
   void Open() {
     std::lock_guard<std::mutex> lock(mu_);
     open_ = true;
     cv_.notify_all();
   }
+  // Lets `n` runs (running or later) finish.
+  void Release(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_ += n;
+    cv_.notify_all();
+  }
   void WaitStarted(int n) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return started_ >= n; });
+  }
+  void WaitFinished(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ >= n; });
+  }
+  int started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_;
+  }
+  int finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_;
+  }
+  int max_running() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_running_;
   }
 
  private:
   const int index_;
   const int64_t estimate_;
+  const int lanes_;
+  const int64_t free_bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;
+  int tokens_ = 0;
   int started_ = 0;
+  int running_ = 0;
+  int finished_ = 0;
+  int max_running_ = 0;
   PlainHostMemory host_memory_;
 };
 
 struct Harness {
-  explicit Harness(SchedulerOptions options, int64_t estimate = 1000) {
-    auto dev = std::make_unique<GateDevice>(0, estimate);
+  explicit Harness(SchedulerOptions options, int64_t estimate = 1000, int lanes = 1,
+                   int64_t free_bytes = int64_t{1} << 40) {
+    auto dev = std::make_unique<GateDevice>(0, estimate, lanes, free_bytes);
     gate = dev.get();
     std::vector<std::unique_ptr<Device>> devices;
     devices.push_back(std::move(dev));
@@ -177,6 +226,112 @@ TEST(SchedulerTest, ShutdownFailsQueuedJobs) {
   EXPECT_EQ(h.scheduler->Submit(MakeJob(&r3)).code(), absl::StatusCode::kUnavailable);
 }
 
+// ---- lanes: several runs on one device at once --------------------------------------------------
+
+// Waits (bounded) until `pred` holds; false if it never did.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 2000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+// Gives a scheduler time to (wrongly) start something.
+void Settle() { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+
+TEST(SchedulerLanesTest, TwoSingleJobsRunConcurrentlyAndAThirdWaits) {
+  Harness h(Options(8), /*estimate=*/1000, /*lanes=*/2);
+  std::promise<JobResult> r1, r2, r3;
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r1)).ok());
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r2)).ok());
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r3)).ok());
+  // Both lanes run before either run may finish (the gate is shut): they are concurrent.
+  h.gate->WaitStarted(2);
+  EXPECT_EQ(h.gate->finished(), 0);
+  EXPECT_EQ(h.scheduler->running(), 2u);
+  Settle();
+  EXPECT_EQ(h.gate->started(), 2);  // the third waits for a lane
+  EXPECT_EQ(h.scheduler->queue_length(), 1u);
+  h.gate->Release(1);
+  h.gate->WaitStarted(3);  // a lane came free: the third starts
+  EXPECT_EQ(h.gate->finished(), 1);
+  h.gate->Open();
+  for (auto* r : {&r1, &r2, &r3}) {
+    JobResult result = r->get_future().get();
+    EXPECT_TRUE(result.status.ok()) << result.status;
+    EXPECT_EQ(result.devices, std::vector<std::string>{"cpu:0"});
+  }
+  EXPECT_EQ(h.gate->max_running(), 2);
+  EXPECT_TRUE(Eventually([&] { return h.scheduler->running() == 0; }));
+}
+
+TEST(SchedulerLanesTest, MemoryAdmissionCountsRunningJobs) {
+  // 100 bytes free and 60-byte jobs: the second waits although a lane is free, as the first may
+  // still allocate its 60 (two concurrent 40 GB requests must not share an 80 GB card).
+  for (bool inflight_cap : {false, true}) {
+    SCOPED_TRACE(inflight_cap ? "--max-inflight-bytes" : "free memory");
+    Harness h(inflight_cap ? Options(8, 100) : Options(8), /*estimate=*/60, /*lanes=*/2,
+              /*free_bytes=*/inflight_cap ? int64_t{1} << 40 : 100);
+    std::promise<JobResult> r1, r2;
+    ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r1)).ok());
+    ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r2)).ok());
+    h.gate->WaitStarted(1);
+    Settle();
+    EXPECT_EQ(h.gate->started(), 1);
+    EXPECT_EQ(h.scheduler->queue_length(), 1u);
+    h.gate->Release(1);
+    h.gate->WaitStarted(2);  // the first is done: the second fits now
+    h.gate->Open();
+    EXPECT_TRUE(r1.get_future().get().status.ok());
+    EXPECT_TRUE(r2.get_future().get().status.ok());
+    EXPECT_EQ(h.gate->max_running(), 1);
+  }
+  // Room for both: they run together.
+  Harness h(Options(8, 120), /*estimate=*/60, /*lanes=*/2);
+  std::promise<JobResult> r1, r2;
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r1)).ok());
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r2)).ok());
+  h.gate->WaitStarted(2);
+  h.gate->Open();
+  EXPECT_TRUE(r1.get_future().get().status.ok());
+  EXPECT_TRUE(r2.get_future().get().status.ok());
+}
+
+TEST(SchedulerLanesTest, CancelAndShutdownWithLanes) {
+  Harness h(Options(8), /*estimate=*/1000, /*lanes=*/2);
+  std::promise<JobResult> r1, r2, r3, r4;
+  auto running1 = MakeJob(&r1);
+  auto running2 = MakeJob(&r2);
+  auto queued = MakeJob(&r3);
+  ASSERT_TRUE(h.scheduler->Submit(running1).ok());
+  ASSERT_TRUE(h.scheduler->Submit(running2).ok());
+  h.gate->WaitStarted(2);
+  ASSERT_TRUE(h.scheduler->Submit(queued).ok());
+  queued->cancel.store(true);
+  h.scheduler->Cancel(queued.get());
+  EXPECT_EQ(r3.get_future().get().status.code(), absl::StatusCode::kCancelled);
+  running1->cancel.store(true);  // one lane's run stops; the other lane keeps running
+  h.scheduler->Cancel(running1.get());
+  EXPECT_EQ(r1.get_future().get().status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r4)).ok());  // takes the freed lane
+  h.gate->WaitStarted(3);
+  EXPECT_EQ(h.scheduler->running(), 2u);
+  std::promise<JobResult> r5;
+  ASSERT_TRUE(h.scheduler->Submit(MakeJob(&r5)).ok());  // queued: both lanes busy
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    h.gate->Open();
+  });
+  h.scheduler->Shutdown();  // joins every lane worker once their runs end
+  opener.join();
+  EXPECT_EQ(r5.get_future().get().status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(r2.get_future().get().status.ok());
+  EXPECT_TRUE(r4.get_future().get().status.ok());
+  EXPECT_EQ(h.scheduler->running(), 0u);
+}
+
 // ---- multi-device placement (MakeMultiDevicePlanner) on real CPU devices ----------------------
 
 struct CpuHarness {
@@ -221,6 +376,64 @@ double MaxAbsDiff(const HostTensor& a, const HostTensor& b) {
     d = std::max(d, static_cast<double>(std::fabs(a.data_as<float>()[i] - b.data_as<float>()[i])));
   }
   return d;
+}
+
+// Two gate devices of two lanes each, placed by the multi-device planner.
+struct LaneHarness {
+  LaneHarness() {
+    std::vector<std::unique_ptr<Device>> devices;
+    for (int i = 0; i < 2; ++i) {
+      auto dev = std::make_unique<GateDevice>(i, 1000, /*lanes=*/2);
+      gates.push_back(dev.get());
+      devices.push_back(std::move(dev));
+    }
+    pool = *DevicePool::FromDevices(std::move(devices));
+    scheduler = *Scheduler::Create(Options(64), pool.get(), nullptr, MakeMultiDevicePlanner());
+  }
+  std::vector<GateDevice*> gates;
+  std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<Scheduler> scheduler;
+};
+
+TEST(SchedulerLanesTest, MultiDeviceJobTakesEveryLaneAndIsNotOvertaken) {
+  LaneHarness h;
+  std::promise<JobResult> r1, rdp, r3, r4, r5;
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r1, PlacementHint::kSingle, false)).ok());
+  h.gates[0]->WaitStarted(1);  // the least loaded device: cpu:0 (both idle)
+  auto dp_job = MakeAttentionJob(&rdp, PlacementHint::kDataParallel, false);
+  ASSERT_TRUE(h.scheduler->Submit(dp_job).ok());
+  // Singles behind it: free lanes exist (one on cpu:0, two on cpu:1), but none may start before
+  // the data-parallel job, which waits for every lane of both devices.
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r3, PlacementHint::kSingle, false)).ok());
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r4, PlacementHint::kSingle, false)).ok());
+  Settle();
+  EXPECT_EQ(h.gates[0]->started(), 1);
+  EXPECT_EQ(h.gates[1]->started(), 0);
+  EXPECT_EQ(h.scheduler->queue_length(), 3u);
+  // The single finishes: the data-parallel job takes both devices whole (one part each).
+  h.gates[0]->Release(1);
+  h.gates[0]->WaitStarted(2);
+  h.gates[1]->WaitStarted(1);
+  Settle();
+  EXPECT_EQ(h.gates[0]->started(), 2);  // the singles still wait: every lane is reserved
+  EXPECT_EQ(h.gates[1]->started(), 1);
+  EXPECT_EQ(h.scheduler->queue_length(), 2u);
+  EXPECT_EQ(h.scheduler->running(), 2u);
+  for (GateDevice* g : h.gates) g->Release(1);
+  JobResult dp = rdp.get_future().get();
+  ASSERT_TRUE(dp.status.ok()) << dp.status;
+  EXPECT_EQ(dp.placement, Placement::kDataParallel);
+  EXPECT_EQ(dp.devices, (std::vector<std::string>{"cpu:0", "cpu:1"}));
+  // Then the two singles run at once, one per device (least loaded first) or on two lanes.
+  EXPECT_TRUE(Eventually([&] { return h.gates[0]->started() + h.gates[1]->started() == 5; }));
+  ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r5, PlacementHint::kSingle, false)).ok());
+  for (GateDevice* g : h.gates) g->Open();
+  for (auto* r : {&r1, &r3, &r4, &r5}) {
+    JobResult result = r->get_future().get();
+    EXPECT_TRUE(result.status.ok()) << result.status;
+    EXPECT_EQ(result.placement, Placement::kSingle);
+  }
+  EXPECT_TRUE(Eventually([&] { return h.scheduler->running() == 0; }));
 }
 
 TEST(MultiDeviceSchedulerTest, RingAndDataParallelMatchSingle) {

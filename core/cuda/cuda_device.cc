@@ -3,11 +3,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +19,7 @@
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
+#include "core/cuda/cuda_lanes.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/host_copy.h"
 #include "core/cuda/pinned_host_pool.h"
@@ -137,6 +142,10 @@ class CudaDevice final : public Device {
  public:
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal,
                                                             const CudaOptions& options) {
+    if (options.lanes < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CUDA lanes per GPU: must be >= 1, got ", options.lanes));
+    }
     auto dev = std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, options));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
@@ -144,18 +153,13 @@ class CudaDevice final : public Device {
     dev->model_ = prop.name;
     dev->uuid_ = UuidString(prop.uuid);
     dev->total_bytes_ = static_cast<int64_t>(prop.totalGlobalMem);
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&dev->stream_, cudaStreamNonBlocking));
-    ATTN_RETURN_IF_ERROR(dev->events_.Init());
+    ATTN_RETURN_IF_ERROR(dev->lanes_.Init(options.lanes));
     return dev;
   }
 
   ~CudaDevice() override {
     cudaSetDevice(ordinal_);
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
-    cudnn_.reset();  // before the stream it was last bound to, and the allocator it frees into
-#endif
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    lanes_.Destroy();  // before the allocator the lanes' engines free into
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -179,6 +183,7 @@ class CudaDevice final : public Device {
   }
 
   HostMemory& host_memory() override { return ProcessPinnedHostPool(); }
+  int lanes() const override { return lanes_.size(); }
 
   // Thread-safe (reads only the fixed engine mode): the scheduler calls it from other threads.
   int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
@@ -188,38 +193,37 @@ class CudaDevice final : public Device {
     return bytes;
   }
 
+  // At most lanes() callers at once (more wait for a lane). Each run holds one lane: its stream,
+  // events and cuDNN engine.
   absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                        const HostTensor& k, const HostTensor& v,
                                        const RunControl& control, RunInfo* info) override {
     const absl::Time start = absl::Now();
-    absl::StatusOr<AttentionOutputs> out = RunImpl(spec, q, k, v, control, info);
-    // Whatever happened, leave the stream idle so freed workspaces are safe to reuse.
-    cudaStreamSynchronize(stream_);
-    cudaGetLastError();
+    CudaLane& lane = lanes_.Acquire(/*all=*/false);
+    absl::StatusOr<AttentionOutputs> out;
+    {
+      CudaRunHold hold;
+      out = RunImpl(lane, hold, spec, q, k, v, control, info);
+      // Whatever happened, leave the stream idle before anything this run holds is freed: the
+      // allocator is shared by the lanes, and a block must be idle when another lane gets it.
+      cudaStreamSynchronize(lane.stream);
+      cudaGetLastError();
+      lanes_.FreeDeferred(lane);
+    }  // the plan and buffers go back here, then the exclusive hold (if taken) is released
+    lanes_.Release(lane, /*all=*/false);
     if (info != nullptr) info->compute_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
   }
 
-  // Worker thread only. Device memory the task takes through ctx.allocator is counted there, so
+  // Takes every lane (the scheduler runs tasks only with the whole device reserved) and runs on
+  // lane 0's stream. Device memory the task takes through ctx.allocator is counted there, so
   // `host_bytes` is not charged again.
   absl::Status RunTask(int64_t host_bytes, const DeviceTask& task) override {
     (void)host_bytes;
     if (!task) return absl::InvalidArgumentError(absl::StrCat(name(), ": RunTask: empty task"));
-    CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    DeviceContext ctx;
-    ctx.kind = BackendKind::kCuda;
-    ctx.name = name();
-    ctx.cuda_ordinal = ordinal_;
-    ctx.allocator = &alloc_;
-    ctx.stream = stream_;
-    ctx.host_memory = &ProcessPinnedHostPool();
-    absl::Status st = task(ctx);
-    // As after Run: leave the stream idle so blocks the task freed are safe to reuse.
-    const cudaError_t sync = cudaStreamSynchronize(stream_);
-    cudaGetLastError();
-    if (st.ok() && sync != cudaSuccess) {
-      st = CudaErrorToStatus(sync, "cudaStreamSynchronize(device stream)", __FILE__, __LINE__);
-    }
+    CudaLane& lane = lanes_.Acquire(/*all=*/true);
+    absl::Status st = RunTaskOn(lane, task);
+    lanes_.Release(lane, /*all=*/true);
     return st;
   }
 
@@ -227,6 +231,25 @@ class CudaDevice final : public Device {
   CudaDevice(int ordinal, const CudaOptions& options)
       : ordinal_(ordinal), engine_mode_(options.engine), alloc_(ordinal) {
     plan_options_.kernel = options.flash;
+  }
+
+  absl::Status RunTaskOn(CudaLane& lane, const DeviceTask& task) {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    DeviceContext ctx;
+    ctx.kind = BackendKind::kCuda;
+    ctx.name = name();
+    ctx.cuda_ordinal = ordinal_;
+    ctx.allocator = &alloc_;
+    ctx.stream = lane.stream;
+    ctx.host_memory = &ProcessPinnedHostPool();
+    absl::Status st = task(ctx);
+    // As after Run: leave the stream idle so blocks the task freed are safe to reuse.
+    const cudaError_t sync = cudaStreamSynchronize(lane.stream);
+    cudaGetLastError();
+    if (st.ok() && sync != cudaSuccess) {
+      st = CudaErrorToStatus(sync, "cudaStreamSynchronize(device stream)", __FILE__, __LINE__);
+    }
+    return st;
   }
 
   absl::Status CheckControl(const RunControl& control) const {
@@ -239,30 +262,45 @@ class CudaDevice final : public Device {
     return absl::OkStatus();
   }
 
-  // Records the engine of a case (and logs it, once per case while remembered).
+  // Records the engine of a case (and logs it, once per case while remembered; two lanes asking
+  // about a new case at once may both log it).
   void Remember(const std::string& key, Chosen chosen, std::string_view why) {
-    if (remembered_.size() >= kMaxRememberedCases) remembered_.clear();
-    remembered_[key] = chosen;
+    {
+      std::lock_guard<std::mutex> lock(remembered_mu_);
+      if (remembered_.size() >= kMaxRememberedCases) remembered_.clear();
+      remembered_[key] = chosen;
+    }
     std::fprintf(stderr, "%s: attention engine %s for %s%s%s\n", name().c_str(),
                  std::string(ChosenName(chosen)).c_str(), key.c_str(), why.empty() ? "" : ": ",
                  std::string(why).c_str());
   }
 
   // Which engine runs this request. Errors only in kCudnn mode, where cuDNN cannot be replaced.
-  absl::StatusOr<Chosen> ChooseEngine(const AttentionSpec& spec, const AttentionShape& shape,
-                                      DType dtype) {
+  absl::StatusOr<Chosen> ChooseEngine(CudaLane& lane, const AttentionSpec& spec,
+                                      const AttentionShape& shape, DType dtype) {
     if (!CudnnCandidate(engine_mode_, spec, shape, dtype)) return Chosen::kOwn;
 #ifndef ATTNSERVE_HAVE_CUDNN_FRONTEND
     // Only kCudnn mode gets here.
+    (void)lane;
     return absl::UnavailableError(absl::StrCat(
         name(), ": attention engine cudnn was asked for, but this build has no cuDNN path "
         "(cudnn_frontend headers not found at configure time)"));
 #else
     const std::string key = CaseKey(spec, shape, dtype);
-    if (auto it = remembered_.find(key); it != remembered_.end()) return it->second;
-    absl::Status why = EnsureCudnn();
+    bool known_cudnn = false;  // another lane (or an earlier run) found cuDNN can run it
+    {
+      std::lock_guard<std::mutex> lock(remembered_mu_);
+      if (auto it = remembered_.find(key); it != remembered_.end()) {
+        if (it->second == Chosen::kOwn) return Chosen::kOwn;
+        known_cudnn = true;
+      }
+    }
+    // Each lane has its own cuDNN engine: this lane's may not exist yet.
+    absl::Status why = EnsureCudnn(lane);
+    if (why.ok() && known_cudnn) return Chosen::kCudnn;
     if (why.ok()) {
-      const absl::StatusOr<bool> has_engine = cudnn_->Supports(spec, shape, ComputeDType(dtype));
+      const absl::StatusOr<bool> has_engine =
+          lane.cudnn->Supports(spec, shape, ComputeDType(dtype));
       if (!has_engine.ok()) {
         why = has_engine.status();
       } else if (!*has_engine) {
@@ -278,59 +316,106 @@ class CudaDevice final : public Device {
   }
 
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
-  // Creates the cuDNN engine on first use (on the worker thread). A failure is kept: libcudnn
-  // does not appear while the process runs.
-  absl::Status EnsureCudnn() {
-    if (cudnn_ != nullptr) return absl::OkStatus();
-    if (!cudnn_status_.ok()) return cudnn_status_;
+  // Creates the lane's cuDNN engine on first use (on the lane's thread). A failure is kept:
+  // libcudnn does not appear while the process runs.
+  absl::Status EnsureCudnn(CudaLane& lane) {
+    if (lane.cudnn != nullptr) return absl::OkStatus();
+    if (!lane.cudnn_status.ok()) return lane.cudnn_status;
     CudnnSdpa::Options options;
     options.device = ordinal_;
-    // Stream-ordered: the engine frees its workspace right after enqueueing, and every launch of
-    // this device goes to its one stream_, so a block freed here is reused only by later work.
+    // The engine frees its workspace right after enqueueing: the block waits in the lane's
+    // deferred list until Run has synchronized the lane's stream, since the allocator is shared
+    // by the lanes. Allocations pass the gate (see CudaRunHold::exclusive).
     options.workspace.allocate = [this](size_t bytes) -> absl::StatusOr<void*> {
+      std::shared_lock<std::shared_mutex> gate(alloc_gate_);
       return alloc_.Allocate(bytes);
     };
-    options.workspace.free = [this](void* ptr) { alloc_.Free(ptr); };
+    options.workspace.free = [lane = &lane](void* ptr) { lane->deferred_frees.push_back(ptr); };
     absl::StatusOr<std::unique_ptr<CudnnSdpa>> engine = CudnnSdpa::Create(options);
     if (!engine.ok()) {
-      cudnn_status_ = absl::UnavailableError(
+      lane.cudnn_status = absl::UnavailableError(
           absl::StrCat(name(), ": cuDNN engine unavailable: ", engine.status().ToString()));
       std::fprintf(stderr, "%s; dense/window attention runs on flash_fwd\n",
-                   std::string(cudnn_status_.message()).c_str());
-      return cudnn_status_;
+                   std::string(lane.cudnn_status.message()).c_str());
+      return lane.cudnn_status;
     }
-    cudnn_ = *std::move(engine);
-    std::fprintf(stderr, "%s: cuDNN %lld loaded from %s (engine mode %s)\n", name().c_str(),
-                 static_cast<long long>(cudnn_->backend_version()), cudnn_->library().c_str(),
-                 std::string(AttentionEngineName(engine_mode_)).c_str());
+    lane.cudnn = *std::move(engine);
+    std::fprintf(stderr, "%s: cuDNN %lld loaded from %s (engine mode %s, lane %d)\n",
+                 name().c_str(), static_cast<long long>(lane.cudnn->backend_version()),
+                 lane.cudnn->library().c_str(),
+                 std::string(AttentionEngineName(engine_mode_)).c_str(), lane.index);
     return absl::OkStatus();
   }
 
-  // Enqueues cuDNN's forward on stream_ (f32: through bf16 copies, like the own kernels).
-  absl::Status RunCudnn(const AttentionSpec& spec, const AttentionShape& shape, DType dtype,
-                        const void* q, const void* k, const void* v, void* o, float* lse) {
+  // Enqueues cuDNN's forward on the lane's stream (f32: through bf16 copies, like the own
+  // kernels; the copies stay in `hold` until the stream is idle).
+  absl::Status RunCudnn(CudaLane& lane, CudaRunHold& hold, const AttentionSpec& spec,
+                        const AttentionShape& shape, DType dtype, const void* q, const void* k,
+                        const void* v, void* o, float* lse) {
     if (dtype != DType::kF32) {
-      return cudnn_->Forward(spec, shape, dtype, q, k, v, o, lse, stream_);
+      return lane.cudnn->Forward(spec, shape, dtype, q, k, v, o, lse, lane.stream);
     }
     const int64_t nq = shape.batch * shape.tokens * shape.q_heads * shape.head_dim;
     const int64_t nkv = shape.batch * shape.tokens * shape.kv_heads * shape.head_dim;
     // The same bf16 copies (and sizes) as the own kernels' workspace, which EstimateBytes counts.
     const CudaWorkspaceSizes ws = CudaWorkspaceSizesFor(spec, shape, dtype);
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer qc, DeviceBuffer::Create(alloc_, ws.q_bf16));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer kc, DeviceBuffer::Create(alloc_, ws.k_bf16));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer vc, DeviceBuffer::Create(alloc_, ws.v_bf16));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer oc, DeviceBuffer::Create(alloc_, ws.o_bf16));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc.get(), nq, stream_));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc.get(), nkv, stream_));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc.get(), nkv, stream_));
-    ATTN_RETURN_IF_ERROR(cudnn_->Forward(spec, shape, DType::kBF16, qc.get(), kc.get(), vc.get(),
-                                         oc.get(), lse, stream_));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kBF16, oc.get(), DType::kF32, o, nq, stream_));
+    {
+      std::shared_lock<std::shared_mutex> gate(alloc_gate_);
+      for (int64_t bytes : {ws.q_bf16, ws.k_bf16, ws.v_bf16, ws.o_bf16}) {
+        ATTN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(alloc_, bytes));
+        hold.extra.push_back(std::move(b));
+      }
+    }
+    void* qc = hold.extra[0].get();
+    void* kc = hold.extra[1].get();
+    void* vc = hold.extra[2].get();
+    void* oc = hold.extra[3].get();
+    cudaStream_t stream = lane.stream;
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc, nq, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc, nkv, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc, nkv, stream));
+    ATTN_RETURN_IF_ERROR(
+        lane.cudnn->Forward(spec, shape, DType::kBF16, qc, kc, vc, oc, lse, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kBF16, oc, DType::kF32, o, nq, stream));
     return absl::OkStatus();
   }
 #endif
 
-  absl::StatusOr<AttentionOutputs> RunImpl(const AttentionSpec& spec, const HostTensor& q,
+  // The run's buffers into `hold`, past the allocation gate.
+  absl::Status AllocateBuffers(CudaRunHold& hold, const std::array<size_t, 3>& in_bytes,
+                               const AttentionOutputs& out_host) {
+    std::shared_lock<std::shared_mutex> gate(alloc_gate_);
+    ATTN_ASSIGN_OR_RETURN(hold.q, DeviceBuffer::Create(alloc_, in_bytes[0]));
+    ATTN_ASSIGN_OR_RETURN(hold.k, DeviceBuffer::Create(alloc_, in_bytes[1]));
+    ATTN_ASSIGN_OR_RETURN(hold.v, DeviceBuffer::Create(alloc_, in_bytes[2]));
+    ATTN_ASSIGN_OR_RETURN(hold.o, DeviceBuffer::Create(alloc_, out_host.o.nbytes()));
+    ATTN_ASSIGN_OR_RETURN(hold.lse, DeviceBuffer::Create(alloc_, out_host.lse.nbytes()));
+    return absl::OkStatus();
+  }
+
+  // The plan of a run on the own kernels into `hold`, past the allocation gate.
+  absl::Status CreatePlan(CudaLane& lane, CudaRunHold& hold, const AttentionSpec& spec,
+                          const AttentionShape& shape, DType dtype) {
+    std::shared_lock<std::shared_mutex> gate(alloc_gate_);
+    ATTN_ASSIGN_OR_RETURN(
+        hold.plan,
+        CudaAttentionPlan::Create(spec, shape, dtype, alloc_, lane.stream, nullptr, plan_options_));
+    return absl::OkStatus();
+  }
+
+  // Enqueues the own kernels. A plan with workspaces returns them to the allocator while the
+  // stream may still use them: the run then holds the gate exclusively until Run has synchronized.
+  absl::Status RunOwn(CudaLane& lane, CudaRunHold& hold, const RunControl& control,
+                      FlashKernel* kernel) {
+    if (hold.plan->workspace_bytes() > 0) {
+      hold.exclusive = std::unique_lock<std::shared_mutex>(alloc_gate_);
+    }
+    return hold.plan->Run(hold.q.get(), hold.k.get(), hold.v.get(), hold.o.get(),
+                          hold.lse.as<float>(), lane.stream, control.cancel, kernel);
+  }
+
+  absl::StatusOr<AttentionOutputs> RunImpl(CudaLane& lane, CudaRunHold& hold,
+                                           const AttentionSpec& spec, const HostTensor& q,
                                            const HostTensor& k, const HostTensor& v,
                                            const RunControl& control, RunInfo* info) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
@@ -338,31 +423,25 @@ class CudaDevice final : public Device {
     const DType dtype = q.dtype();
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
-    ATTN_ASSIGN_OR_RETURN(Chosen chosen, ChooseEngine(spec, shape, dtype));
-    std::unique_ptr<CudaAttentionPlan> plan;
-    if (chosen == Chosen::kOwn) {
-      ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_,
-                                                            nullptr, plan_options_));
-    }
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Create(alloc_, q.nbytes()));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Create(alloc_, k.nbytes()));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Create(alloc_, v.nbytes()));
+    ATTN_ASSIGN_OR_RETURN(Chosen chosen, ChooseEngine(lane, spec, shape, dtype));
+    if (chosen == Chosen::kOwn) ATTN_RETURN_IF_ERROR(CreatePlan(lane, hold, spec, shape, dtype));
     ATTN_ASSIGN_OR_RETURN(AttentionOutputs out_host, MakeOutputs(shape, dtype));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer dout, DeviceBuffer::Create(alloc_, out_host.o.nbytes()));
-    ATTN_ASSIGN_OR_RETURN(DeviceBuffer dlse, DeviceBuffer::Create(alloc_, out_host.lse.nbytes()));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.inputs_start(), stream_));
-    ATTN_RETURN_IF_ERROR(CopyToDevice(dq.get(), q.data(), q.nbytes(), stream_, &copies_));
-    ATTN_RETURN_IF_ERROR(CopyToDevice(dk.get(), k.data(), k.nbytes(), stream_, &copies_));
-    ATTN_RETURN_IF_ERROR(CopyToDevice(dv.get(), v.data(), v.nbytes(), stream_, &copies_));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.inputs_done(), stream_));
+    ATTN_RETURN_IF_ERROR(AllocateBuffers(hold, {q.nbytes(), k.nbytes(), v.nbytes()}, out_host));
+    cudaStream_t stream = lane.stream;
+    RunEvents& events = lane.events;
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.inputs_start(), stream));
+    ATTN_RETURN_IF_ERROR(CopyToDevice(hold.q.get(), q.data(), q.nbytes(), stream, &copies_));
+    ATTN_RETURN_IF_ERROR(CopyToDevice(hold.k.get(), k.data(), k.nbytes(), stream, &copies_));
+    ATTN_RETURN_IF_ERROR(CopyToDevice(hold.v.get(), v.data(), v.nbytes(), stream, &copies_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.inputs_done(), stream));
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
     double flops = 0, sparsity = 0;
     FlashKernel kernel = FlashKernel::kSm80;  // set by the plan's launches
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
     if (chosen == Chosen::kCudnn) {
-      const absl::Status st =
-          RunCudnn(spec, shape, dtype, dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>());
+      const absl::Status st = RunCudnn(lane, hold, spec, shape, dtype, hold.q.get(), hold.k.get(),
+                                       hold.v.get(), hold.o.get(), hold.lse.as<float>());
       // UNIMPLEMENTED: cuDNN changed its mind after the graph build; INTERNAL: cuDNN failed on a
       // case our kernels can run. In auto mode both fall back (and the case stays on ours).
       const bool fall_back = engine_mode_ == AttentionEngine::kAuto &&
@@ -372,8 +451,7 @@ class CudaDevice final : public Device {
         cudaGetLastError();
         Remember(CaseKey(spec, shape, dtype), Chosen::kOwn, st.ToString());
         chosen = Chosen::kOwn;
-        ATTN_ASSIGN_OR_RETURN(plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc_, stream_,
-                                                              nullptr, plan_options_));
+        ATTN_RETURN_IF_ERROR(CreatePlan(lane, hold, spec, shape, dtype));
       } else {
         ATTN_RETURN_IF_ERROR(st);
         flops = 4.0 * static_cast<double>(shape.batch * shape.q_heads * shape.head_dim) *
@@ -383,21 +461,20 @@ class CudaDevice final : public Device {
     }
 #endif
     if (chosen == Chosen::kOwn) {
-      ATTN_RETURN_IF_ERROR(plan->Run(dq.get(), dk.get(), dv.get(), dout.get(), dlse.as<float>(),
-                                     stream_, control.cancel, &kernel));
-      flops = plan->flops();
-      sparsity = plan->sparsity();
+      ATTN_RETURN_IF_ERROR(RunOwn(lane, hold, control, &kernel));
+      flops = hold.plan->flops();
+      sparsity = hold.plan->sparsity();
     }
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.kernels_done(), stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.kernels_done(), stream));
     ATTN_RETURN_IF_ERROR(
-        CopyToHost(out_host.o.data(), dout.get(), out_host.o.nbytes(), stream_, &copies_));
+        CopyToHost(out_host.o.data(), hold.o.get(), out_host.o.nbytes(), stream, &copies_));
     ATTN_RETURN_IF_ERROR(
-        CopyToHost(out_host.lse.data(), dlse.get(), out_host.lse.nbytes(), stream_, &copies_));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.outputs_done(), stream_));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        CopyToHost(out_host.lse.data(), hold.lse.get(), out_host.lse.nbytes(), stream, &copies_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.outputs_done(), stream));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     if (info != nullptr) {
-      events_.Read(&info->copy_seconds, &info->kernel_seconds);
+      events.Read(&info->copy_seconds, &info->kernel_seconds);
       info->copy_bytes = static_cast<int64_t>(q.nbytes() + k.nbytes() + v.nbytes() +
                                               out_host.o.nbytes() + out_host.lse.nbytes());
       info->flops = flops;
@@ -425,16 +502,15 @@ class CudaDevice final : public Device {
   std::string model_;
   std::string uuid_;
   int64_t total_bytes_ = 0;
-  cudaStream_t stream_ = nullptr;
-  RunEvents events_;           // timing of Run's copies and kernels (worker thread only)
-  HostCopyCounters copies_;    // this device's host copies (read by Stats)
+  HostCopyCounters copies_;  // this device's host copies (read by Stats)
   mutable CachingAllocator alloc_;
-  // Worker thread only: the engine each case ran on first (cuDNN refusals are not retried).
+  // Shared by allocations of the lanes' runs; exclusive while a run may have returned blocks its
+  // stream still uses (CudaRunHold::exclusive), so another lane never gets such a block.
+  std::shared_mutex alloc_gate_;
+  // The engine each case ran on first (cuDNN refusals are not retried).
+  std::mutex remembered_mu_;
   std::unordered_map<std::string, Chosen> remembered_;
-#ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
-  std::unique_ptr<CudnnSdpa> cudnn_;  // created by EnsureCudnn; destroyed before alloc_
-  absl::Status cudnn_status_;         // why cudnn_ could not be created (OK: not tried or fine)
-#endif
+  CudaLanes lanes_{alloc_};  // after alloc_: destroyed before it
 };
 
 }  // namespace

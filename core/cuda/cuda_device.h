@@ -1,5 +1,10 @@
-// CudaDevice: the Device the server's worker threads run on a GPU. One per GPU; only its worker
-// thread calls Run (which binds the thread to the GPU); Stats() may be called from any thread.
+// CudaDevice: the Device the server's worker threads run on a GPU. One per GPU, with
+// CudaOptions::lanes lanes: up to that many threads call Run at once, each run holding one lane
+// (its own non-blocking stream, timing events and cuDNN handle), so one request's host copies
+// overlap another's kernels. The lanes share the caching allocator; a run returns its blocks only
+// once its stream is idle (a plan whose workspaces go back stream-ordered keeps the other lanes
+// from allocating until then). RunTask takes every lane and runs on lane 0's stream. Run binds the
+// calling thread to the GPU; Stats() may be called from any thread.
 //
 // Engine choice (Run, per CudaOptions::engine; core/cuda/cuda_options.h describes the modes): dense
 // and window specs (causal or not) in f16/bf16, and f32 after the on-device f32 -> bf16
@@ -36,9 +41,9 @@ int CudaDeviceCount();
 
 // One Device per ordinal (empty = every visible GPU), each running `options` (engine and flash
 // kernel; nothing is read from the environment here: callers that honour it pass
-// CudaOptionsFromEnv()). Each owns a stream and a caching allocator (and, created on first use on
-// its worker thread, a cuDNN handle). UNAVAILABLE when there is no GPU; INVALID_ARGUMENT for an
-// ordinal out of range.
+// CudaOptionsFromEnv()). Each owns a caching allocator and `options.lanes` streams (and, created on
+// first use by each lane, a cuDNN handle per lane). UNAVAILABLE when there is no GPU;
+// INVALID_ARGUMENT for an ordinal out of range or lanes < 1.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeCudaDevices(
     std::vector<int> ordinals, const CudaOptions& options = {});
 

@@ -57,6 +57,11 @@ struct CudaOptions {
   // Page-locked host memory the process may hold for request buffers and staging
   // (core/cuda/pinned_host_pool.h); <= 0: half of the host's physical memory.
   int64_t pinned_host_cap_bytes = 0;
+  // Runs one GPU holds at once (Device::lanes, >= 1): each lane has its own non-blocking stream,
+  // timing events and cuDNN handle, so one request's host copies overlap another's kernels (H2D
+  // and D2H run on separate copy engines). 1: one request at a time. Multi-GPU runs (rings, data
+  // parallel) take every lane of their GPUs.
+  int lanes = 2;
 };
 
 // Names as the flags and environment variables spell them.

@@ -1,7 +1,9 @@
 // Device: one compute device (a GPU, or a share of the CPU) as the server's workers see it, and
 // the one way every multi-device strategy (core/parallel) runs its part on a device: RunTask. The
-// server creates one Device per worker thread; only that thread calls Run or RunTask. This header
-// names no backend: core/cpu and core/cuda implement it, the server and core/parallel use it.
+// server runs lanes() worker threads per Device (its lane workers): up to lanes() of them may call
+// Run at once, while RunTask runs only with the whole device reserved (no Run in flight). This
+// header names no backend: core/cpu and core/cuda implement it, the server and core/parallel use
+// it.
 #ifndef ATTNSERVE_CORE_ENGINE_DEVICE_H_
 #define ATTNSERVE_CORE_ENGINE_DEVICE_H_
 
@@ -32,7 +34,7 @@ struct DeviceContext {
   ThreadPool* pool = nullptr;             // CPU: the device's threads
   int cuda_ordinal = -1;                  // CUDA: the GPU the calling thread is bound to
   CachingAllocator* allocator = nullptr;  // CUDA: the device's caching allocator
-  CUstream_st* stream = nullptr;          // CUDA: the device's stream (non-blocking)
+  CUstream_st* stream = nullptr;          // CUDA: the device's lane-0 stream (non-blocking)
   HostMemory* host_memory = nullptr;      // the device's host memory (page-locked on CUDA)
 };
 using DeviceTask = std::function<absl::Status(DeviceContext& ctx)>;
@@ -55,15 +57,20 @@ class Device {
   // Bytes this device needs to run the request (inputs, outputs, workspaces), for admission.
   virtual int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
                                 DType dtype) const = 0;
-  // Runs attention. Called only from this device's worker thread. Outputs live in host memory.
+  // How many Run calls this device may hold at once (from that many threads; a CUDA device gives
+  // each its own stream, so one run's copies overlap another's kernels). The scheduler never calls
+  // Run from more threads at once, nor RunTask while a Run is in flight. Constant; thread-safe.
+  virtual int lanes() const { return 1; }
+  // Runs attention. Called only from this device's lane workers, at most lanes() at once. Outputs
+  // live in host memory.
   virtual absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                                const HostTensor& k, const HostTensor& v,
                                                const RunControl& control, RunInfo* info) = 0;
-  // Runs `task` on the calling thread (this device's worker) with this device's resources: a
-  // ring rank, a data-parallel share. `host_bytes` is charged to the device's host memory while
-  // the task runs (CPU devices; device memory the task allocates through ctx.allocator is counted
-  // by the allocator itself). CUDA devices synchronize their stream and clear the CUDA error
-  // state afterwards, whatever the task returns.
+  // Runs `task` on the calling thread (this device's lane-0 worker, every lane reserved) with this
+  // device's resources: a ring rank, a data-parallel share. `host_bytes` is charged to the
+  // device's host memory while the task runs (CPU devices; device memory the task allocates
+  // through ctx.allocator is counted by the allocator itself). CUDA devices synchronize their
+  // stream and clear the CUDA error state afterwards, whatever the task returns.
   virtual absl::Status RunTask(int64_t host_bytes, const DeviceTask& task) = 0;
 };
 
