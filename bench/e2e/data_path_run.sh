@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The request's data path on one GPU host, end to end, in one run (issue "end to end at GPU
 # speed"): the ceilings (plain gRPC echo, pinned/pageable copy bandwidth), then attnserve over
-# gRPC, the current build next to an older one (OLD, optional) interleaved, for the three
-# reference requests and for `attnctl bench` at concurrency 1, 8 and 16; over shared memory when
-# attnctl has --shm. Every figure lands in OUT_DIR/data_path.json and OUT_DIR/summary.md.
+# gRPC, the current build next to an older one (OLD, optional), for the three reference requests
+# and for `attnctl bench` at concurrency 1, 8 and 16; then over shared memory (--shm) and CUDA IPC
+# (--cuda-ipc). Every figure lands in OUT_DIR/data_path.json and OUT_DIR/summary.md.
 #
 # Usage (on the GPU host, bundles unpacked):
 #   NEW=.gpu-bundle OLD=.gpu-bundle-old bench/e2e/data_path_run.sh OUT_DIR
-# PARTS picks steps (default "tests wire copy service shm"); BENCH_SECONDS the bench duration.
+# PARTS picks steps (default "tests wire copy service shm ipc"); BENCH_SECONDS the bench
+# duration; SERVE_ARGS extra attnserve flags.
 set -u
 OUT=${1:?usage: $0 OUT_DIR}
 NEW=${NEW:-.gpu-bundle}
 OLD=${OLD:-}
-PARTS=${PARTS:-tests wire copy service shm}
+PARTS=${PARTS:-tests wire copy service shm ipc}
+SERVE_ARGS=${SERVE_ARGS:-}
 BENCH_SECONDS=${BENCH_SECONDS:-8}
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.md"
@@ -49,7 +51,7 @@ serve() {  # serve SIDE BUNDLE: attnserve on free ports; sets ADDR, MADDR, PID
   rm -f "$OUT/port_$1" "$OUT/mport_$1"
   "$2/bin/attnserve" --listen 127.0.0.1:0 --port-file "$OUT/port_$1" \
     --metrics-listen 127.0.0.1:0 --metrics-port-file "$OUT/mport_$1" \
-    --max-request-bytes 17179869184 >> "$OUT/attnserve_$1.log" 2>&1 &
+    --max-request-bytes 17179869184 $SERVE_ARGS >> "$OUT/attnserve_$1.log" 2>&1 &
   PID=$!
   for _ in $(seq 200); do [ -s "$OUT/port_$1" ] && break; sleep 0.1; done
   ADDR=127.0.0.1:$(cat "$OUT/port_$1" 2>/dev/null)
@@ -58,9 +60,10 @@ serve() {  # serve SIDE BUNDLE: attnserve on free ports; sets ADDR, MADDR, PID
 scrape() {  # scrape FILE: the server's /metrics
   python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://$MADDR/metrics', timeout=5).read().decode())" > "$1" 2>/dev/null
 }
-run_side() {  # run_side SIDE BUNDLE TRANSPORT(grpc|shm)
+run_side() {  # run_side SIDE BUNDLE TRANSPORT(grpc|shm|ipc)
   local side=$1 B=$2 tr=$3 extra=""
   [ "$tr" = shm ] && extra="--shm"
+  [ "$tr" = ipc ] && extra="--cuda-ipc --cuda-device 0"
   serve "${side}_$tr" "$B"
   for i in 0 1 2; do
     local n=${REQ_NAMES[$i]}
@@ -87,13 +90,14 @@ if has service; then
   [ -n "$OLD" ] && run_side old "$OLD" grpc
   run_side new "$NEW" grpc
 fi
-if has shm; then
+for tr in shm ipc; do
+  has $tr || continue
   if "$NEW/bin/attnctl" run --help 2>&1 | grep -q -- "--shm"; then
-    run_side new "$NEW" shm
+    run_side new "$NEW" $tr
   else
-    say "shm: this attnctl has no --shm"
+    say "$tr: this attnctl has no region transports"
   fi
-fi
+done
 
 # --- 4. Summary ----------------------------------------------------------------------------------
 python3 "$(dirname "$0")/data_path_summary.py" "$OUT" >> "$SUMMARY"

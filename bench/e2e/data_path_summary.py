@@ -113,6 +113,17 @@ if ceil.get("copy_pinned_h2d_gbps"):
     b = res["bench"].get("new/shm/c16")
     if b:
         acc["gqa_shm_c16_over_copy_bound"] = b.get("requests_per_s", 0) / copy_bound
+r = best.get("new/shm/dilated_1m")
+if r:
+    acc["dilated_1m_shm_total_s"] = r["total"]
+    acc["dilated_1m_shm_within_0.5s"] = r["total"] <= 0.5
+r = best.get("new/ipc/sparse_random1_64k")
+if r and "kernel" in r:
+    acc["sparse_ipc_total_minus_kernel_s"] = r["total"] - r["kernel"]
+    acc["sparse_ipc_within_kernel_plus_5ms"] = r["total"] - r["kernel"] <= 5e-3
+b = res["bench"].get("new/ipc/c16")
+if b:
+    acc["gqa_ipc_c16_rps"] = b.get("requests_per_s", 0)
 print("\nacceptance figures:")
 for k, v in acc.items():
     print(f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}")
