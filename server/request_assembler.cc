@@ -249,6 +249,22 @@ absl::Status RequestAssembler::WriteOutputs(const HostTensor& o, const HostTenso
   return absl::OkStatus();
 }
 
+absl::StatusOr<AttentionOutputs> RequestAssembler::OutputViews() const {
+  AttentionOutputs views;
+  if (!o_slice_ || o_slice_->lease->host_data() == nullptr) return views;
+  if (lse_slice_ && lse_slice_->lease->host_data() == nullptr) return views;
+  const AttentionShape& s = shape_;
+  ATTN_ASSIGN_OR_RETURN(views.o, TensorFromSlice(*o_slice_, dtype_,
+                                                 {s.batch, s.tokens, s.q_heads, s.head_dim},
+                                                 nullptr, nullptr));
+  if (lse_slice_) {
+    ATTN_ASSIGN_OR_RETURN(views.lse, TensorFromSlice(*lse_slice_, DType::kF32,
+                                                     {s.batch, s.q_heads, s.tokens}, nullptr,
+                                                     nullptr));
+  }
+  return views;
+}
+
 absl::Status RequestAssembler::AddChunk(const v1::TensorChunk& chunk) {
   if (!has_header_) return absl::InvalidArgumentError("header: must be the first message");
   const int index = TensorIndex(chunk.tensor());

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attnserve.pb.h"
+#include "core/engine/types.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
 #include "server/regions/region_refs.h"
@@ -94,6 +95,10 @@ class RequestAssembler {
   // Copies O (and LSE when the header named lse_region) into their regions. Thread-safe against
   // nothing else of the assembler's; call once the job is done.
   absl::Status WriteOutputs(const HostTensor& o, const HostTensor& lse) const;
+  // Views of the output regions for a run to write into directly (Device::RunInto): empty
+  // tensors unless every output region is host memory (shared memory); then WriteOutputs has
+  // nothing left to do for a run that used them.
+  absl::StatusOr<AttentionOutputs> OutputViews() const;
 
  private:
   // The region refs of a validated header: q/k/v tensors taken from regions (the others are

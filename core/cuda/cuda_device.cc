@@ -198,12 +198,27 @@ class CudaDevice final : public Device {
   absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                        const HostTensor& k, const HostTensor& v,
                                        const RunControl& control, RunInfo* info) override {
+    return RunOnLane(spec, q, k, v, control, info, nullptr);
+  }
+
+  // The copies back go from the GPU straight into `into` (page-locked when it is a registered
+  // region), so nothing is copied on the host afterwards.
+  absl::Status RunInto(const AttentionSpec& spec, const HostTensor& q, const HostTensor& k,
+                       const HostTensor& v, const RunControl& control, RunInfo* info,
+                       AttentionOutputs& into) override {
+    return RunOnLane(spec, q, k, v, control, info, &into).status();
+  }
+
+  absl::StatusOr<AttentionOutputs> RunOnLane(const AttentionSpec& spec, const HostTensor& q,
+                                             const HostTensor& k, const HostTensor& v,
+                                             const RunControl& control, RunInfo* info,
+                                             AttentionOutputs* into) {
     const absl::Time start = absl::Now();
     CudaLane& lane = lanes_.Acquire(/*all=*/false);
     absl::StatusOr<AttentionOutputs> out;
     {
       CudaRunHold hold;
-      out = RunImpl(lane, hold, spec, q, k, v, control, info);
+      out = RunImpl(lane, hold, spec, q, k, v, control, info, into);
       // Whatever happened, leave the stream idle before anything this run holds is freed: the
       // allocator is shared by the lanes, and a block must be idle when another lane gets it.
       cudaStreamSynchronize(lane.stream);
@@ -417,7 +432,8 @@ class CudaDevice final : public Device {
   absl::StatusOr<AttentionOutputs> RunImpl(CudaLane& lane, CudaRunHold& hold,
                                            const AttentionSpec& spec, const HostTensor& q,
                                            const HostTensor& k, const HostTensor& v,
-                                           const RunControl& control, RunInfo* info) {
+                                           const RunControl& control, RunInfo* info,
+                                           AttentionOutputs* into) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
     const DType dtype = q.dtype();
@@ -425,7 +441,9 @@ class CudaDevice final : public Device {
 
     ATTN_ASSIGN_OR_RETURN(Chosen chosen, ChooseEngine(lane, spec, shape, dtype));
     if (chosen == Chosen::kOwn) ATTN_RETURN_IF_ERROR(CreatePlan(lane, hold, spec, shape, dtype));
-    ATTN_ASSIGN_OR_RETURN(AttentionOutputs out_host, MakeOutputs(shape, dtype));
+    ATTN_ASSIGN_OR_RETURN(AttentionOutputs out_host, into != nullptr
+                                                         ? ViewsOf(*into, shape, dtype)
+                                                         : MakeOutputs(shape, dtype));
     ATTN_RETURN_IF_ERROR(AllocateBuffers(hold, {q.nbytes(), k.nbytes(), v.nbytes()}, out_host));
     cudaStream_t stream = lane.stream;
     RunEvents& events = lane.events;
@@ -486,6 +504,29 @@ class CudaDevice final : public Device {
   }
 
   // O and LSE in page-locked memory: the copies back run at the bus's rate.
+  // Non-owning views of a caller's destination (checked against the run's shapes); LSE gets a
+  // page-locked buffer of its own when the caller named no place for it.
+  static absl::StatusOr<AttentionOutputs> ViewsOf(AttentionOutputs& into, const AttentionShape& s,
+                                                  DType dtype) {
+    const std::vector<int64_t> o_dims = {s.batch, s.tokens, s.q_heads, s.head_dim};
+    const std::vector<int64_t> lse_dims = {s.batch, s.q_heads, s.tokens};
+    if (into.o.dims() != o_dims || into.o.dtype() != dtype ||
+        (!into.lse.empty() && (into.lse.dims() != lse_dims || into.lse.dtype() != DType::kF32))) {
+      return absl::InternalError("RunInto: the destination does not have the outputs' shape");
+    }
+    AttentionOutputs views;
+    ATTN_ASSIGN_OR_RETURN(views.o, HostTensor::Wrap(dtype, o_dims, into.o.data(),
+                                                    into.o.nbytes(), nullptr));
+    if (into.lse.empty()) {
+      ATTN_ASSIGN_OR_RETURN(views.lse, HostTensor::Create(DType::kF32, lse_dims, nullptr,
+                                                          &ProcessPinnedHostPool()));
+    } else {
+      ATTN_ASSIGN_OR_RETURN(views.lse, HostTensor::Wrap(DType::kF32, lse_dims, into.lse.data(),
+                                                        into.lse.nbytes(), nullptr));
+    }
+    return views;
+  }
+
   static absl::StatusOr<AttentionOutputs> MakeOutputs(const AttentionShape& s, DType dtype) {
     HostMemory* pinned = &ProcessPinnedHostPool();
     AttentionOutputs out;

@@ -8,6 +8,7 @@
 #define ATTNSERVE_CORE_ENGINE_DEVICE_H_
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,6 +67,27 @@ class Device {
   virtual absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                                const HostTensor& k, const HostTensor& v,
                                                const RunControl& control, RunInfo* info) = 0;
+  // Runs like Run, but writes O into `into.o` and LSE into `into.lse` (when non-empty): tensors
+  // of the outputs' shapes and dtypes, typically views of a caller's shared-memory region, so no
+  // host copy follows the run. The default runs Run and copies; CUDA devices copy from the GPU
+  // straight into `into`.
+  virtual absl::Status RunInto(const AttentionSpec& spec, const HostTensor& q, const HostTensor& k,
+                               const HostTensor& v, const RunControl& control, RunInfo* info,
+                               AttentionOutputs& into) {
+    absl::StatusOr<AttentionOutputs> out = Run(spec, q, k, v, control, info);
+    if (!out.ok()) return out.status();
+    return CopyOutputsInto(*out, into);
+  }
+  // Checks that `into` has `from`'s shapes and copies (LSE only when into.lse is non-empty).
+  static absl::Status CopyOutputsInto(const AttentionOutputs& from, AttentionOutputs& into) {
+    if (into.o.dims() != from.o.dims() || into.o.dtype() != from.o.dtype() ||
+        (!into.lse.empty() && into.lse.nbytes() != from.lse.nbytes())) {
+      return absl::InternalError("RunInto: the destination does not have the outputs' shape");
+    }
+    std::memcpy(into.o.data(), from.o.data(), from.o.nbytes());
+    if (!into.lse.empty()) std::memcpy(into.lse.data(), from.lse.data(), from.lse.nbytes());
+    return absl::OkStatus();
+  }
   // Runs `task` on the calling thread (this device's lane-0 worker, every lane reserved) with this
   // device's resources: a ring rank, a data-parallel share. `host_bytes` is charged to the
   // device's host memory while the task runs (CPU devices; device memory the task allocates

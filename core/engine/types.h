@@ -86,6 +86,10 @@ struct AttentionRequest {
   DType dtype = DType::kF32;
   PlacementHint placement_hint = PlacementHint::kAuto;
   HostTensor q, k, v;  // [B, N, Hq, D], [B, N, Hkv, D] x 2, in `dtype`
+  // Where O (and LSE, when non-empty) should land, when the caller named memory for them (views
+  // of its shared-memory region): a single-device run writes there directly (Device::RunInto)
+  // and returns empty outputs. Empty o: the run returns new buffers.
+  AttentionOutputs outputs_into;
   absl::Time deadline = absl::InfiniteFuture();
   // Set by the RPC side (client cancel, deadline); polled by the run.
   std::atomic<bool> cancel{false};
@@ -96,6 +100,7 @@ struct AttentionRequest {
     q = HostTensor();
     k = HostTensor();
     v = HostTensor();
+    outputs_into = AttentionOutputs();
   }
 };
 

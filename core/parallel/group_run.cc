@@ -24,8 +24,14 @@ class SingleStrategy final : public GroupStrategy {
   explicit SingleStrategy(AttentionRequest& request) : request_(request) {}
 
   absl::Status RunRank(int, Device& device, WorkerComms*, RankFigures& figures) override {
-    ATTN_ASSIGN_OR_RETURN(outputs_, device.Run(request_.spec, request_.q, request_.k, request_.v,
-                                               request_.control(), &info_));
+    if (!request_.outputs_into.o.empty()) {
+      // The caller named memory for the outputs: written there, nothing returned.
+      ATTN_RETURN_IF_ERROR(device.RunInto(request_.spec, request_.q, request_.k, request_.v,
+                                          request_.control(), &info_, request_.outputs_into));
+    } else {
+      ATTN_ASSIGN_OR_RETURN(outputs_, device.Run(request_.spec, request_.q, request_.k,
+                                                 request_.v, request_.control(), &info_));
+    }
     figures.tokens = RequestTokens(request_.shape);
     figures.flops = info_.flops;
     return absl::OkStatus();

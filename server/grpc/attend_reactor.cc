@@ -244,6 +244,12 @@ class AttentionServiceImpl::AttendReactor final
       job->q = assembler_.TakeQ();
       job->k = assembler_.TakeK();
       job->v = assembler_.TakeV();
+      if (absl::StatusOr<AttentionOutputs> into = assembler_.OutputViews(); into.ok()) {
+        job->outputs_into = *std::move(into);
+      } else {
+        final_ = into.status();
+        return;
+      }
       job->deadline = DeadlineOf(*context_);
       job->done = [this](JobResult result) { OnJobDone(std::move(result)); };
       job_ = job;
@@ -266,7 +272,8 @@ class AttentionServiceImpl::AttendReactor final
   void OnJobDone(JobResult result) {
     // Outputs named by region refs are written here, before mu_: the assembler's slices were set
     // with the header and do not change after the job was submitted.
-    if (result.status.ok() && assembler_.outputs_in_regions()) {
+    // (A single-device run wrote them already: its outputs come back empty.)
+    if (result.status.ok() && assembler_.outputs_in_regions() && !result.outputs.o.empty()) {
       result.status = assembler_.WriteOutputs(result.outputs.o, result.outputs.lse);
       result.outputs = AttentionOutputs();  // the response carries the header only
     }

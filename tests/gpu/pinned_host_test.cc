@@ -163,6 +163,19 @@ TEST(PinnedRequestPathTest, PageLockedRequestCopiesNoPageableByteAndMatchesRefer
   EXPECT_LE(max_err / max_ref, 1e-2);
   EXPECT_LE(max_lse, 2e-3);
 
+  // RunInto: the copies back land in the caller's (page-locked, poisoned) memory directly.
+  AttentionOutputs into;
+  into.o = *HostTensor::Create(DType::kBF16, out->o.dims(), nullptr, &device.host_memory());
+  into.lse = *HostTensor::Create(DType::kF32, out->lse.dims(), nullptr, &device.host_memory());
+  into.o.FillBytes(0xFF);
+  into.lse.FillBytes(0xFF);
+  const DeviceStats before_into = device.Stats();
+  ASSERT_TRUE(device.RunInto(spec, locked.q, locked.k, locked.v, RunControl{}, nullptr, into).ok());
+  EXPECT_EQ(device.Stats().pageable_copy_bytes - before_into.pageable_copy_bytes, 0);
+  EXPECT_EQ(std::memcmp(into.o.data(), out->o.data(), out->o.nbytes()), 0)
+      << "RunInto wrote what Run returned";
+  EXPECT_EQ(std::memcmp(into.lse.data(), out->lse.data(), out->lse.nbytes()), 0);
+
   // The same request from pageable memory: the counter sees exactly the inputs (the outputs
   // are the device's own page-locked buffers).
   const DeviceStats before2 = device.Stats();
