@@ -422,6 +422,13 @@ def throughput_dashboard():
         "Bps", minimum=0,
         description="Buffers handed out pageable because the page-locked pool was at its cap: "
                     "raise --pinned-host-cap-bytes if this is not 0."))
+    p.append(timeseries(
+        L, "Shared-memory regions",
+        [("sum by (kind) (attnserve_regions{%s})" % SEL_I, "{{kind}} regions"),
+         ("sum by (kind) (attnserve_region_bytes{%s})" % SEL_I, "{{kind}} bytes")],
+        "short", minimum=0,
+        description="Caller regions mapped (RegisterRegion: system shared memory, CUDA IPC) and "
+                    "their bytes; at --max-regions new registrations are refused."))
     return dashboard(
         "attnserve-throughput", "attnserve — throughput",
         "Per-device tokens/s, TFLOP/s, busy fraction and NCCL traffic; request rate, latency, "

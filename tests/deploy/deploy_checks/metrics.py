@@ -34,6 +34,8 @@ DESIGN_METRICS = {
     "attnserve_host_page_locked_bytes": {"state"},
     "attnserve_host_page_locked_cap_bytes": set(),
     "attnserve_host_pageable_fallback_bytes_total": set(),
+    "attnserve_regions": {"kind"},
+    "attnserve_region_bytes": {"kind"},
 }
 HISTOGRAMS = {"attnserve_request_duration_seconds", "attnserve_queue_wait_seconds",
               "attnserve_request_stage_seconds"}
