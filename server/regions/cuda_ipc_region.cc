@@ -83,6 +83,11 @@ absl::StatusOr<std::unique_ptr<Region>> OpenCudaIpcRegion(const std::string& nam
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
   cudaGetLastError();
+  if (count == 0) {
+    // Built with CUDA, running without a GPU (the CPU backend serves): as in a CPU-only build.
+    return absl::FailedPreconditionError(
+        "cuda_ipc: CUDA IPC regions need the CUDA backend (this host has no CUDA device)");
+  }
   if (device < 0 || device >= count) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda_ipc.device: ", device, " is not a CUDA device of this server (",
