@@ -7,6 +7,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,10 @@ class ScriptedService final : public v1::AttentionService::Service {
 
   grpc::Status Attend(grpc::ServerContext* context, Stream* stream) override {
     const int call = calls_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_.insert(context->peer());  // "ipv4:127.0.0.1:<the client's port>": one per connection
+    }
     v1::AttendRequest request;
     if (!stream->Read(&request) || !request.has_header()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "header: must be the first message");
@@ -48,11 +54,17 @@ class ScriptedService final : public v1::AttentionService::Service {
   }
 
   int calls() const { return calls_.load(); }
+  size_t peers() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peers_.size();
+  }
 
  private:
   Script script_;
   bool read_all_first_;
   std::atomic<int> calls_{0};
+  mutable std::mutex mu_;
+  std::set<std::string> peers_;
 };
 
 // A server on 127.0.0.1 (kernel-chosen port) running a ScriptedService.
@@ -68,8 +80,10 @@ class FakeServer {
   }
   ~FakeServer() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5)); }
 
-  std::unique_ptr<AttnClient> NewClient(int max_attempts = 1, int64_t chunk_bytes = 4 << 20) {
+  std::unique_ptr<AttnClient> NewClient(int max_attempts = 1, int64_t chunk_bytes = 4 << 20,
+                                        int connections = 1) {
     ClientOptions options;
+    options.connections = connections;
     options.target = absl::StrCat("127.0.0.1:", port_);
     options.max_attempts = max_attempts;
     options.chunk_bytes = chunk_bytes;
@@ -80,6 +94,7 @@ class FakeServer {
     return c.ok() ? *std::move(c) : nullptr;
   }
   int calls() const { return service_.calls(); }
+  size_t peers() const { return service_.peers(); }
   bool started() const { return server_ != nullptr && port_ != 0; }
 
  private:
@@ -336,6 +351,39 @@ TEST(AttnClientTest, DeadlineBoundsTheCall) {
   absl::StatusOr<AttendResult> r = server.NewClient(/*max_attempts=*/4)->Attend(in.input, call);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// Calls go round robin over ClientOptions::connections separate TCP connections (one HTTP/2
+// connection carries about one stream's bytes per second however many calls share it).
+TEST(AttnClientTest, CallsAreSpreadOverTheConnections) {
+  FakeServer server([](Stream* s, const v1::AttendHeader& h, int) {
+    s->Write(ResponseHeader(h));
+    s->Write(Chunk(v1::TENSOR_O, 0, kOBytes, 1));
+    s->Write(Chunk(v1::TENSOR_LSE, 0, kLseBytes, 2));
+    return grpc::Status::OK;
+  });
+  ASSERT_TRUE(server.started());
+  Inputs in;
+  CallOptions call;
+  call.timeout = absl::Seconds(10);
+  std::unique_ptr<AttnClient> client = server.NewClient(1, 4 << 20, /*connections=*/3);
+  ASSERT_NE(client, nullptr);
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<AttendResult> r = client->Attend(in.input, call);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(r->o.data()), kOBytes),
+              Pattern(0, kOBytes, 1));
+  }
+  EXPECT_EQ(server.calls(), 6);
+  EXPECT_EQ(server.peers(), 3u);
+
+  ClientOptions bad;
+  bad.target = "127.0.0.1:1";
+  for (int connections : {0, 65}) {
+    bad.connections = connections;
+    EXPECT_EQ(AttnClient::Create(bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << connections;
+  }
 }
 
 }  // namespace
