@@ -273,11 +273,14 @@ void Scheduler::WorkerLoop(size_t index) {
     const bool last = run->RunPart(rank, comms.get());
     {
       // This worker's part is over; its lanes stay reserved (busy) until the whole group has
-      // finished. Cleared before the last part reports, so the dispatch that may give this
-      // worker its next job always comes after.
+      // finished. A peer that finished last may already have released the group and handed this
+      // worker its next part (this worker counted its part done inside RunPart, before taking
+      // the lock): clear only the part just run, never the next one.
       std::lock_guard<std::mutex> lock(mu_);
-      workers_[index].run.reset();
-      workers_[index].job.reset();
+      if (workers_[index].run == run) {
+        workers_[index].run.reset();
+        workers_[index].job.reset();
+      }
     }
     if (!last) continue;
     Finish(*run, std::move(job), group, submitted);
