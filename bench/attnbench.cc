@@ -339,10 +339,8 @@ absl::Status Main() {
   ATTN_ASSIGN_OR_RETURN(const Figures figures, TimeFullSize(f, spec, dtype, *backend));
   PrintFigures(f, spec_json, check, figures);
   if (!f.json_out.empty()) {
-    const absl::Status written =
-        WriteJsonFile(f.json_out, ResultJson(f, device, spec_json, check, figures));
-    if (!written.ok()) return absl::InternalError(absl::StrCat("--json-out: ", written.message()));
-    std::printf("  wrote %s\n", f.json_out.c_str());
+    ATTN_RETURN_IF_ERROR(
+        WriteJsonOut(f.json_out, ResultJson(f, device, spec_json, check, figures)));
   }
   if (check.ran && !check.passed) {
     return absl::InternalError("correctness check failed: error over tolerance");
@@ -354,11 +352,6 @@ absl::Status Main() {
 }  // namespace attnserve::bench
 
 int main(int argc, char** argv) {
-  absl::Status s = attnserve::bench::ParseBenchFlags(argc, argv, attnserve::bench::kUsage);
-  if (s.ok()) s = attnserve::bench::Main();
-  if (!s.ok()) {
-    std::fprintf(stderr, "attnbench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return attnserve::bench::BenchMain(argc, argv, attnserve::bench::kUsage, "attnbench",
+                                     attnserve::bench::Main);
 }

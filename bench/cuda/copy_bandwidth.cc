@@ -444,9 +444,7 @@ absl::Status Main() {
   if (f.chunked_bytes > 0) ATTN_RETURN_IF_ERROR(ChunkedRows(f, rows));
   PrintTable(rows);
   if (!f.json_out.empty()) {
-    const absl::Status written = WriteJsonFile(f.json_out, ResultJson(f, device, rows));
-    if (!written.ok()) return absl::InternalError(absl::StrCat("--json-out: ", written.message()));
-    std::printf("  wrote %s\n", f.json_out.c_str());
+    ATTN_RETURN_IF_ERROR(WriteJsonOut(f.json_out, ResultJson(f, device, rows)));
   }
   return absl::OkStatus();
 }
@@ -455,11 +453,6 @@ absl::Status Main() {
 }  // namespace attnserve::bench
 
 int main(int argc, char** argv) {
-  absl::Status s = attnserve::bench::ParseBenchFlags(argc, argv, attnserve::bench::kUsage);
-  if (s.ok()) s = attnserve::bench::Main();
-  if (!s.ok()) {
-    std::fprintf(stderr, "attnbench_copy: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return attnserve::bench::BenchMain(argc, argv, attnserve::bench::kUsage, "attnbench_copy",
+                                     attnserve::bench::Main);
 }

@@ -1,5 +1,6 @@
 #include "bench/harness/flags.h"
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -51,5 +52,16 @@ absl::Status ParseBenchFlags(int argc, char** argv, absl::string_view usage) {
 }
 
 const std::string& BenchCommandLine() { return CommandLineStorage(); }
+
+int BenchMain(int argc, char** argv, absl::string_view usage, absl::string_view name,
+              absl::Status (*run)()) {
+  absl::Status s = ParseBenchFlags(argc, argv, usage);
+  if (s.ok()) s = run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", std::string(name).c_str(), s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
 
 }  // namespace attnserve::bench

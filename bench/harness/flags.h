@@ -19,6 +19,11 @@ namespace attnserve::bench {
 // the first line(s) of --help. Call once, first thing in main.
 absl::Status ParseBenchFlags(int argc, char** argv, absl::string_view usage);
 
+// A bench binary's main: ParseBenchFlags, then `run`; a failure is printed as "NAME: status" on
+// stderr and gives exit code 1, success 0.
+int BenchMain(int argc, char** argv, absl::string_view usage, absl::string_view name,
+              absl::Status (*run)());
+
 // The command line as given (before the rewrite), arguments with spaces, quotes or braces in
 // single quotes, for the results' "command" field. Empty before ParseBenchFlags.
 const std::string& BenchCommandLine();

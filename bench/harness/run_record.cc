@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/harness/flags.h"
@@ -50,6 +51,13 @@ void AddRunRecord(const RunRecord& record, Json& json) {
   json.Set("date", record.date);
   json.Set("commit", record.commit);
   json.Set("command", record.command);
+}
+
+absl::Status WriteJsonOut(const std::string& path, const Json& json) {
+  const absl::Status written = WriteJsonFile(path, json);
+  if (!written.ok()) return absl::InternalError(absl::StrCat("--json-out: ", written.message()));
+  std::printf("  wrote %s\n", path.c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve::bench

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "core/util/json.h"
 
 namespace attnserve::bench {
@@ -28,6 +29,10 @@ RunRecord MakeRunRecord(std::string device, std::string_view commit_override = "
 
 // Adds "device", "date", "commit" and "command" to the object `json`, in that order.
 void AddRunRecord(const RunRecord& record, Json& json);
+
+// Writes a bench's result file (--json-out): INTERNAL "--json-out: ..." when it cannot, else
+// prints "  wrote PATH".
+absl::Status WriteJsonOut(const std::string& path, const Json& json);
 
 }  // namespace attnserve::bench
 

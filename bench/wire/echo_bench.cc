@@ -559,9 +559,7 @@ absl::Status RunClient(const Flags& f) {
   }
   if (local) local->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (!f.json_out.empty()) {
-    const absl::Status written = WriteJsonFile(f.json_out, ResultJson(f, device, target, results));
-    if (!written.ok()) return absl::InternalError(absl::StrCat("--json-out: ", written.message()));
-    std::printf("  wrote %s\n", f.json_out.c_str());
+    ATTN_RETURN_IF_ERROR(WriteJsonOut(f.json_out, ResultJson(f, device, target, results)));
   }
   for (const ConfigResult& r : results) {
     if (!r.status.ok()) {
@@ -581,11 +579,6 @@ absl::Status Main() {
 }  // namespace attnserve::bench
 
 int main(int argc, char** argv) {
-  absl::Status s = attnserve::bench::ParseBenchFlags(argc, argv, attnserve::bench::kUsage);
-  if (s.ok()) s = attnserve::bench::Main();
-  if (!s.ok()) {
-    std::fprintf(stderr, "attnbench_echo: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return attnserve::bench::BenchMain(argc, argv, attnserve::bench::kUsage, "attnbench_echo",
+                                     attnserve::bench::Main);
 }
