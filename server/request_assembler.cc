@@ -1,5 +1,6 @@
 #include "server/request_assembler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -183,13 +184,18 @@ absl::Status RequestAssembler::ResolveTensors(const v1::AttendHeader& header,
       ATTN_ASSIGN_OR_RETURN(RegionSlice slice,
                             ResolveRegionRef(options_.regions, options_.region_owner, *refs[i],
                                              field, bytes, what));
+      (*from_region)[i] = true;
+      if (DeviceTensorView view = InPlaceView(slice, dtype, dims); !view.empty()) {
+        DeviceTensorView* slots[3] = {&device_io_.q, &device_io_.k, &device_io_.v};
+        *slots[i] = std::move(view);
+        continue;  // read in place: no host tensor
+      }
       absl::StatusOr<HostTensor> t =
           TensorFromSlice(slice, dtype, dims, options_.tracker, options_.host_memory);
       if (!t.ok()) {
         return absl::Status(t.status().code(), absl::StrCat(field, ": ", t.status().message()));
       }
       (*tensors)[i] = *std::move(t);
-      (*from_region)[i] = true;
       continue;
     }
     absl::StatusOr<HostTensor> t =
@@ -239,7 +245,46 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
     }
     lse_slice_ = *std::move(lse);
   }
+  // Direct when every output slice is host-mapped or can be written in place on the run's GPU.
+  const auto on_device = [](const RegionSlice& slice) {
+    return slice.lease->host_data() == nullptr;
+  };
+  const std::vector<int64_t> o_dims = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
+  const std::vector<int64_t> lse_dims = {shape.batch, shape.q_heads, shape.tokens};
+  DeviceTensorView o_view, lse_view;
+  if (on_device(*o_slice_)) o_view = InPlaceView(*o_slice_, dtype, o_dims);
+  if (lse_slice_ && on_device(*lse_slice_)) {
+    lse_view = InPlaceView(*lse_slice_, DType::kF32, lse_dims);
+  }
+  outputs_direct_ = (!on_device(*o_slice_) || !o_view.empty()) &&
+                    (!lse_slice_ || !on_device(*lse_slice_) || !lse_view.empty());
+  if (outputs_direct_) {
+    device_io_.o = std::move(o_view);
+    device_io_.lse = std::move(lse_view);
+  }
+  if (device_io_.cuda_ordinal() < 0) in_place_ordinal_ = -1;  // views refused above: none left
   return absl::OkStatus();
+}
+
+DeviceTensorView RequestAssembler::InPlaceView(const RegionSlice& slice, DType dtype,
+                                               const std::vector<int64_t>& dims) {
+  Region& region = *slice.lease;
+  std::byte* base = region.device_data();
+  const int device = region.device();
+  if (base == nullptr) return DeviceTensorView();
+  const bool ours = std::find(options_.in_place_cuda_ordinals.begin(),
+                              options_.in_place_cuda_ordinals.end(),
+                              device) != options_.in_place_cuda_ordinals.end();
+  // One GPU per request: a region on another GPU than the first in-place one is copied.
+  if (!ours || (in_place_ordinal_ >= 0 && device != in_place_ordinal_)) return DeviceTensorView();
+  in_place_ordinal_ = device;
+  DeviceTensorView view;
+  view.data = base + slice.offset;
+  view.cuda_ordinal = device;
+  view.dtype = dtype;
+  view.dims = dims;
+  view.owner = slice.lease;
+  return view;
 }
 
 absl::Status RequestAssembler::WriteOutputs(const HostTensor& o, const HostTensor& lse) const {
@@ -251,13 +296,14 @@ absl::Status RequestAssembler::WriteOutputs(const HostTensor& o, const HostTenso
 
 absl::StatusOr<AttentionOutputs> RequestAssembler::OutputViews() const {
   AttentionOutputs views;
-  if (!o_slice_ || o_slice_->lease->host_data() == nullptr) return views;
-  if (lse_slice_ && lse_slice_->lease->host_data() == nullptr) return views;
+  if (!o_slice_ || !outputs_direct_) return views;
   const AttentionShape& s = shape_;
-  ATTN_ASSIGN_OR_RETURN(views.o, TensorFromSlice(*o_slice_, dtype_,
-                                                 {s.batch, s.tokens, s.q_heads, s.head_dim},
-                                                 nullptr, nullptr));
-  if (lse_slice_) {
+  if (o_slice_->lease->host_data() != nullptr) {
+    ATTN_ASSIGN_OR_RETURN(views.o, TensorFromSlice(*o_slice_, dtype_,
+                                                   {s.batch, s.tokens, s.q_heads, s.head_dim},
+                                                   nullptr, nullptr));
+  }
+  if (lse_slice_ && lse_slice_->lease->host_data() != nullptr) {
     ATTN_ASSIGN_OR_RETURN(views.lse, TensorFromSlice(*lse_slice_, DType::kF32,
                                                      {s.batch, s.q_heads, s.tokens}, nullptr,
                                                      nullptr));

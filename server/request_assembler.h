@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attnserve.pb.h"
@@ -36,6 +37,10 @@ struct AssemblerOptions {
   // (today the empty string: see server/regions/region_registry.h).
   RegionRegistry* regions = nullptr;
   std::string region_owner;
+  // CUDA ordinals of this server's GPUs: a CUDA IPC region on one of them is read and written in
+  // place (DeviceTensorViews in device_io(); the request then runs on that GPU). Regions on other
+  // GPUs, and every region when this is empty, are copied through host memory.
+  std::vector<int> in_place_cuda_ordinals;
 };
 
 // Byte ranges [start, end) received so far for one tensor, merged as they touch. Insert is
@@ -95,10 +100,14 @@ class RequestAssembler {
   // Copies O (and LSE when the header named lse_region) into their regions. Thread-safe against
   // nothing else of the assembler's; call once the job is done.
   absl::Status WriteOutputs(const HostTensor& o, const HostTensor& lse) const;
-  // Views of the output regions for a run to write into directly (Device::RunInto): empty
-  // tensors unless every output region is host memory (shared memory); then WriteOutputs has
-  // nothing left to do for a run that used them.
+  // Views of the output regions in host memory for a run to write into directly
+  // (Device::RunInto): empty tensors unless every output region is written directly (host
+  // memory, or device memory read in place: see device_io()); then WriteOutputs has nothing left
+  // to do for a single-device run that used them.
   absl::StatusOr<AttentionOutputs> OutputViews() const;
+  // The tensors read or written in place in one GPU's memory (CUDA IPC regions on a GPU of this
+  // server): the inputs found here are not in TakeQ/K/V. Moves them out, like TakeQ.
+  DeviceIo TakeDeviceIo() { return std::move(device_io_); }
 
  private:
   // The region refs of a validated header: q/k/v tensors taken from regions (the others are
@@ -108,6 +117,10 @@ class RequestAssembler {
                               std::array<bool, 3>* from_region);
   absl::Status ResolveOutputs(const v1::AttendHeader& header, const AttentionShape& shape,
                               DType dtype);
+  // A view of `slice` for a run to read or write in place, when its region is device memory on
+  // a GPU in options_.in_place_cuda_ordinals (and on the GPU of any earlier view); else empty.
+  DeviceTensorView InPlaceView(const RegionSlice& slice, DType dtype,
+                               const std::vector<int64_t>& dims);
 
   const AssemblerOptions options_;
   bool has_header_ = false;
@@ -122,6 +135,11 @@ class RequestAssembler {
   std::array<bool, 3> from_region_{};
   std::optional<RegionSlice> o_slice_;
   std::optional<RegionSlice> lse_slice_;
+  // Set by the header: in-place views, the GPU they are on (-1: none), and whether every output
+  // slice is written directly by the run (host-mapped, or a view in device_io_).
+  DeviceIo device_io_;
+  int in_place_ordinal_ = -1;
+  bool outputs_direct_ = false;
   int64_t received_bytes_ = 0;
   int64_t total_bytes_ = 0;
 };

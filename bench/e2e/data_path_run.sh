@@ -24,7 +24,7 @@ has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 
 # --- 1. GPU tests of the current build -----------------------------------------------------------
-has tests && for t in pinned_host_test cuda_device_test cuda_attention_test flash_sm90_test \
+has tests && for t in device_io_test pinned_host_test cuda_device_test cuda_attention_test flash_sm90_test \
     cudnn_sdpa_test; do
   [ -x "$NEW/bin/$t" ] || { say "$t: not in the bundle"; continue; }
   timeout -k 5 150 "$NEW/bin/$t" --gtest_color=no > "$OUT/$t.log" 2>&1

@@ -23,6 +23,7 @@
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/host_copy.h"
 #include "core/cuda/pinned_host_pool.h"
+#include "core/cuda/run_io.h"
 #include "core/util/status_macros.h"
 
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
@@ -42,9 +43,7 @@ std::string UuidString(const cudaUUID_t& u) {
   return s;
 }
 
-// (The helpers marked [[maybe_unused]] serve the cuDNN path, compiled only with
-// ATTNSERVE_HAVE_CUDNN_FRONTEND.)
-
+// ([[maybe_unused]] helpers serve the cuDNN path, compiled with ATTNSERVE_HAVE_CUDNN_FRONTEND.)
 // Added to the own-kernel estimate where cuDNN may run the case: its workspace (the SDPA forward
 // usually asks for none, some engines a few MiB) with room to spare. The f32 -> bf16 copies the
 // cuDNN path makes are the same bytes CudaAttentionPlan::EstimateBytes already counts.
@@ -193,12 +192,15 @@ class CudaDevice final : public Device {
     return bytes;
   }
 
+  int cuda_ordinal() const override { return ordinal_; }
+
   // At most lanes() callers at once (more wait for a lane). Each run holds one lane: its stream,
   // events and cuDNN engine.
   absl::StatusOr<AttentionOutputs> Run(const AttentionSpec& spec, const HostTensor& q,
                                        const HostTensor& k, const HostTensor& v,
                                        const RunControl& control, RunInfo* info) override {
-    return RunOnLane(spec, q, k, v, control, info, nullptr);
+    ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
+    return RunOnLane(spec, shape, q.dtype(), q, k, v, nullptr, control, info, nullptr);
   }
 
   // The copies back go from the GPU straight into `into` (page-locked when it is a registered
@@ -206,19 +208,33 @@ class CudaDevice final : public Device {
   absl::Status RunInto(const AttentionSpec& spec, const HostTensor& q, const HostTensor& k,
                        const HostTensor& v, const RunControl& control, RunInfo* info,
                        AttentionOutputs& into) override {
-    return RunOnLane(spec, q, k, v, control, info, &into).status();
+    ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
+    return RunOnLane(spec, shape, q.dtype(), q, k, v, nullptr, control, info, &into).status();
   }
 
-  absl::StatusOr<AttentionOutputs> RunOnLane(const AttentionSpec& spec, const HostTensor& q,
-                                             const HostTensor& k, const HostTensor& v,
+  // Inputs with a view in `io` are read where they are (no copy in); O / LSE with a view are
+  // written there (no copy back).
+  absl::StatusOr<AttentionOutputs> RunWithDeviceIo(
+      const AttentionSpec& spec, const AttentionShape& shape, DType dtype, const HostTensor& q,
+      const HostTensor& k, const HostTensor& v, const DeviceIo& io, const RunControl& control,
+      RunInfo* info, AttentionOutputs* into) override {
+    return RunOnLane(spec, shape, dtype, q, k, v, &io, control, info, into);
+  }
+
+  absl::StatusOr<AttentionOutputs> RunOnLane(const AttentionSpec& spec,
+                                             const AttentionShape& shape, DType dtype,
+                                             const HostTensor& q, const HostTensor& k,
+                                             const HostTensor& v, const DeviceIo* io,
                                              const RunControl& control, RunInfo* info,
                                              AttentionOutputs* into) {
     const absl::Time start = absl::Now();
+    ATTN_ASSIGN_OR_RETURN(CudaRunIo run_io,
+                          ResolveCudaRunIo(ordinal_, shape, dtype, q, k, v, io, into));
     CudaLane& lane = lanes_.Acquire(/*all=*/false);
     absl::StatusOr<AttentionOutputs> out;
     {
       CudaRunHold hold;
-      out = RunImpl(lane, hold, spec, q, k, v, control, info, into);
+      out = RunImpl(lane, hold, spec, run_io, control, info);
       // Whatever happened, leave the stream idle before anything this run holds is freed: the
       // allocator is shared by the lanes, and a block must be idle when another lane gets it.
       cudaStreamSynchronize(lane.stream);
@@ -396,15 +412,25 @@ class CudaDevice final : public Device {
   }
 #endif
 
-  // The run's buffers into `hold`, past the allocation gate.
-  absl::Status AllocateBuffers(CudaRunHold& hold, const std::array<size_t, 3>& in_bytes,
-                               const AttentionOutputs& out_host) {
+  // The run's device buffers into `hold`, past the allocation gate: one per tensor that is not
+  // read or written in place.
+  absl::Status AllocateBuffers(CudaRunHold& hold, const CudaRunIo& io) {
     std::shared_lock<std::shared_mutex> gate(alloc_gate_);
-    ATTN_ASSIGN_OR_RETURN(hold.q, DeviceBuffer::Create(alloc_, in_bytes[0]));
-    ATTN_ASSIGN_OR_RETURN(hold.k, DeviceBuffer::Create(alloc_, in_bytes[1]));
-    ATTN_ASSIGN_OR_RETURN(hold.v, DeviceBuffer::Create(alloc_, in_bytes[2]));
-    ATTN_ASSIGN_OR_RETURN(hold.o, DeviceBuffer::Create(alloc_, out_host.o.nbytes()));
-    ATTN_ASSIGN_OR_RETURN(hold.lse, DeviceBuffer::Create(alloc_, out_host.lse.nbytes()));
+    DeviceBuffer* ins[3] = {&hold.q, &hold.k, &hold.v};
+    for (int i = 0; i < 3; ++i) {
+      if (io.host_in[i] == nullptr) continue;
+      ATTN_ASSIGN_OR_RETURN(*ins[i], DeviceBuffer::Create(alloc_, io.host_in[i]->nbytes()));
+    }
+    const AttentionShape& s = io.shape;
+    const size_t o_bytes = static_cast<size_t>(s.batch * s.tokens * s.q_heads * s.head_dim) *
+                           DTypeSize(io.dtype);
+    const size_t lse_bytes = static_cast<size_t>(s.batch * s.q_heads * s.tokens) * sizeof(float);
+    if (io.o_device == nullptr) {
+      ATTN_ASSIGN_OR_RETURN(hold.o, DeviceBuffer::Create(alloc_, o_bytes));
+    }
+    if (io.lse_device == nullptr) {
+      ATTN_ASSIGN_OR_RETURN(hold.lse, DeviceBuffer::Create(alloc_, lse_bytes));
+    }
     return absl::OkStatus();
   }
 
@@ -418,39 +444,53 @@ class CudaDevice final : public Device {
     return absl::OkStatus();
   }
 
+  // The device memory a run's kernels read and write: its own buffers or the views in place.
+  struct RunPointers {
+    const void *q, *k, *v;
+    void* o;
+    float* lse;
+  };
+  static RunPointers PointersOf(const CudaRunHold& hold, const CudaRunIo& io) {
+    auto in = [&](int i, const DeviceBuffer& b) -> const void* {
+      return io.device_in[i] != nullptr ? static_cast<const void*>(io.device_in[i]) : b.get();
+    };
+    return RunPointers{in(0, hold.q), in(1, hold.k), in(2, hold.v),
+                       io.o_device != nullptr ? static_cast<void*>(io.o_device) : hold.o.get(),
+                       io.lse_device != nullptr ? io.lse_device : hold.lse.as<float>()};
+  }
+
   // Enqueues the own kernels. A plan with workspaces returns them to the allocator while the
   // stream may still use them: the run then holds the gate exclusively until Run has synchronized.
-  absl::Status RunOwn(CudaLane& lane, CudaRunHold& hold, const RunControl& control,
-                      FlashKernel* kernel) {
+  absl::Status RunOwn(CudaLane& lane, CudaRunHold& hold, const RunPointers& p,
+                      const RunControl& control, FlashKernel* kernel) {
     if (hold.plan->workspace_bytes() > 0) {
       hold.exclusive = std::unique_lock<std::shared_mutex>(alloc_gate_);
     }
-    return hold.plan->Run(hold.q.get(), hold.k.get(), hold.v.get(), hold.o.get(),
-                          hold.lse.as<float>(), lane.stream, control.cancel, kernel);
+    return hold.plan->Run(p.q, p.k, p.v, p.o, p.lse, lane.stream, control.cancel, kernel);
   }
 
   absl::StatusOr<AttentionOutputs> RunImpl(CudaLane& lane, CudaRunHold& hold,
-                                           const AttentionSpec& spec, const HostTensor& q,
-                                           const HostTensor& k, const HostTensor& v,
-                                           const RunControl& control, RunInfo* info,
-                                           AttentionOutputs* into) {
+                                           const AttentionSpec& spec, CudaRunIo& io,
+                                           const RunControl& control, RunInfo* info) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    ATTN_ASSIGN_OR_RETURN(const AttentionShape shape, AttentionShapeOf(q, k, v));
-    const DType dtype = q.dtype();
+    const AttentionShape& shape = io.shape;
+    const DType dtype = io.dtype;
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
     ATTN_ASSIGN_OR_RETURN(Chosen chosen, ChooseEngine(lane, spec, shape, dtype));
     if (chosen == Chosen::kOwn) ATTN_RETURN_IF_ERROR(CreatePlan(lane, hold, spec, shape, dtype));
-    ATTN_ASSIGN_OR_RETURN(AttentionOutputs out_host, into != nullptr
-                                                         ? ViewsOf(*into, shape, dtype)
-                                                         : MakeOutputs(shape, dtype));
-    ATTN_RETURN_IF_ERROR(AllocateBuffers(hold, {q.nbytes(), k.nbytes(), v.nbytes()}, out_host));
+    ATTN_RETURN_IF_ERROR(AllocateBuffers(hold, io));
+    const RunPointers p = PointersOf(hold, io);
     cudaStream_t stream = lane.stream;
     RunEvents& events = lane.events;
     CUDA_RETURN_IF_ERROR(cudaEventRecord(events.inputs_start(), stream));
-    ATTN_RETURN_IF_ERROR(CopyToDevice(hold.q.get(), q.data(), q.nbytes(), stream, &copies_));
-    ATTN_RETURN_IF_ERROR(CopyToDevice(hold.k.get(), k.data(), k.nbytes(), stream, &copies_));
-    ATTN_RETURN_IF_ERROR(CopyToDevice(hold.v.get(), v.data(), v.nbytes(), stream, &copies_));
+    void* dst[3] = {hold.q.get(), hold.k.get(), hold.v.get()};
+    for (int i = 0; i < 3; ++i) {
+      const HostTensor* t = io.host_in[i];
+      if (t != nullptr) {
+        ATTN_RETURN_IF_ERROR(CopyToDevice(dst[i], t->data(), t->nbytes(), stream, &copies_));
+      }
+    }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(events.inputs_done(), stream));
     ATTN_RETURN_IF_ERROR(CheckControl(control));
 
@@ -458,8 +498,8 @@ class CudaDevice final : public Device {
     FlashKernel kernel = FlashKernel::kSm80;  // set by the plan's launches
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
     if (chosen == Chosen::kCudnn) {
-      const absl::Status st = RunCudnn(lane, hold, spec, shape, dtype, hold.q.get(), hold.k.get(),
-                                       hold.v.get(), hold.o.get(), hold.lse.as<float>());
+      const absl::Status st =
+          RunCudnn(lane, hold, spec, shape, dtype, p.q, p.k, p.v, p.o, p.lse);
       // UNIMPLEMENTED: cuDNN changed its mind after the graph build; INTERNAL: cuDNN failed on a
       // case our kernels can run. In auto mode both fall back (and the case stays on ours).
       const bool fall_back = engine_mode_ == AttentionEngine::kAuto &&
@@ -479,62 +519,30 @@ class CudaDevice final : public Device {
     }
 #endif
     if (chosen == Chosen::kOwn) {
-      ATTN_RETURN_IF_ERROR(RunOwn(lane, hold, control, &kernel));
+      ATTN_RETURN_IF_ERROR(RunOwn(lane, hold, p, control, &kernel));
       flops = hold.plan->flops();
       sparsity = hold.plan->sparsity();
     }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(events.kernels_done(), stream));
-    ATTN_RETURN_IF_ERROR(
-        CopyToHost(out_host.o.data(), hold.o.get(), out_host.o.nbytes(), stream, &copies_));
-    ATTN_RETURN_IF_ERROR(
-        CopyToHost(out_host.lse.data(), hold.lse.get(), out_host.lse.nbytes(), stream, &copies_));
+    AttentionOutputs& out = io.host_out;
+    if (!out.o.empty()) {
+      ATTN_RETURN_IF_ERROR(CopyToHost(out.o.data(), p.o, out.o.nbytes(), stream, &copies_));
+    }
+    if (!out.lse.empty()) {
+      ATTN_RETURN_IF_ERROR(CopyToHost(out.lse.data(), p.lse, out.lse.nbytes(), stream, &copies_));
+    }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(events.outputs_done(), stream));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     if (info != nullptr) {
       events.Read(&info->copy_seconds, &info->kernel_seconds);
-      info->copy_bytes = static_cast<int64_t>(q.nbytes() + k.nbytes() + v.nbytes() +
-                                              out_host.o.nbytes() + out_host.lse.nbytes());
+      info->copy_bytes = io.host_copy_bytes();
       info->flops = flops;
       info->sparsity = sparsity;
       info->engine = std::string(ChosenName(chosen));
       info->kernel = chosen == Chosen::kOwn ? std::string(FlashKernelName(kernel)) : std::string();
     }
-    return out_host;
-  }
-
-  // O and LSE in page-locked memory: the copies back run at the bus's rate.
-  // Non-owning views of a caller's destination (checked against the run's shapes); LSE gets a
-  // page-locked buffer of its own when the caller named no place for it.
-  static absl::StatusOr<AttentionOutputs> ViewsOf(AttentionOutputs& into, const AttentionShape& s,
-                                                  DType dtype) {
-    const std::vector<int64_t> o_dims = {s.batch, s.tokens, s.q_heads, s.head_dim};
-    const std::vector<int64_t> lse_dims = {s.batch, s.q_heads, s.tokens};
-    if (into.o.dims() != o_dims || into.o.dtype() != dtype ||
-        (!into.lse.empty() && (into.lse.dims() != lse_dims || into.lse.dtype() != DType::kF32))) {
-      return absl::InternalError("RunInto: the destination does not have the outputs' shape");
-    }
-    AttentionOutputs views;
-    ATTN_ASSIGN_OR_RETURN(views.o, HostTensor::Wrap(dtype, o_dims, into.o.data(),
-                                                    into.o.nbytes(), nullptr));
-    if (into.lse.empty()) {
-      ATTN_ASSIGN_OR_RETURN(views.lse, HostTensor::Create(DType::kF32, lse_dims, nullptr,
-                                                          &ProcessPinnedHostPool()));
-    } else {
-      ATTN_ASSIGN_OR_RETURN(views.lse, HostTensor::Wrap(DType::kF32, lse_dims, into.lse.data(),
-                                                        into.lse.nbytes(), nullptr));
-    }
-    return views;
-  }
-
-  static absl::StatusOr<AttentionOutputs> MakeOutputs(const AttentionShape& s, DType dtype) {
-    HostMemory* pinned = &ProcessPinnedHostPool();
-    AttentionOutputs out;
-    ATTN_ASSIGN_OR_RETURN(out.o, HostTensor::Create(dtype, {s.batch, s.tokens, s.q_heads,
-                                                            s.head_dim}, nullptr, pinned));
-    ATTN_ASSIGN_OR_RETURN(out.lse, HostTensor::Create(DType::kF32, {s.batch, s.q_heads, s.tokens},
-                                                      nullptr, pinned));
-    return out;
+    return std::move(out);
   }
 
   const int ordinal_;

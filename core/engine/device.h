@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/engine/types.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
@@ -77,6 +78,24 @@ class Device {
     absl::StatusOr<AttentionOutputs> out = Run(spec, q, k, v, control, info);
     if (!out.ok()) return out.status();
     return CopyOutputsInto(*out, into);
+  }
+  // The CUDA ordinal of this device's GPU; -1 for devices that are not GPUs. A request with
+  // DeviceIo views runs only on the device whose ordinal is theirs.
+  virtual int cuda_ordinal() const { return -1; }
+  // Runs a request some of whose tensors are in this device's memory (`io`, every view on
+  // cuda_ordinal()): an input whose view is set is read in place and its host tensor (empty) is
+  // ignored; O / LSE go to io.o / io.lse when set (no copy back), else into `into`'s tensors when
+  // `into` is non-null and they are non-empty, else into returned host buffers. `shape` and
+  // `dtype` are the request's (validated at the edge). UNIMPLEMENTED on devices without device
+  // memory of their own.
+  virtual absl::StatusOr<AttentionOutputs> RunWithDeviceIo(
+      const AttentionSpec& spec, const AttentionShape& shape, DType dtype, const HostTensor& q,
+      const HostTensor& k, const HostTensor& v, const DeviceIo& io, const RunControl& control,
+      RunInfo* info, AttentionOutputs* into) {
+    (void)spec, (void)shape, (void)dtype, (void)q, (void)k, (void)v, (void)io, (void)control,
+        (void)info, (void)into;
+    return absl::UnimplementedError(
+        absl::StrCat(name(), ": tensors in GPU memory need a CUDA device"));
   }
   // Checks that `into` has `from`'s shapes and copies (LSE only when into.lse is non-empty).
   static absl::Status CopyOutputsInto(const AttentionOutputs& from, AttentionOutputs& into) {

@@ -7,9 +7,12 @@
 #define ATTNSERVE_CORE_ENGINE_TYPES_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "core/spec/attention_spec.h"
@@ -21,6 +24,41 @@ namespace attnserve {
 struct AttentionOutputs {
   HostTensor o;    // [B, N, Hq, D] in the input dtype
   HostTensor lse;  // [B, Hq, N] f32; -inf where a row has no admissible key (O = 0 there)
+};
+
+// A tensor in one GPU's memory that the engine does not own (a caller's CUDA IPC region): a run
+// on that GPU reads or writes it in place, with no host copy. Row-major like HostTensor; `owner`
+// keeps the memory mapped while the view lives (a region lease).
+struct DeviceTensorView {
+  std::byte* data = nullptr;
+  int cuda_ordinal = -1;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> dims;
+  std::shared_ptr<const void> owner;
+
+  bool empty() const { return data == nullptr; }
+  int64_t nbytes() const {
+    int64_t n = static_cast<int64_t>(DTypeSize(dtype));
+    for (int64_t d : dims) n *= d;
+    return n;
+  }
+};
+
+// The tensors of one request that live in one GPU's memory. Each input is either here or in the
+// request's host tensor (never both); O and LSE are written here when set. Every set view is on
+// the same GPU, and a request with any of them runs on that GPU alone (the placement policies pin
+// it there).
+struct DeviceIo {
+  DeviceTensorView q, k, v, o, lse;
+
+  // The GPU of the views; -1 when there are none.
+  int cuda_ordinal() const {
+    for (const DeviceTensorView* t : {&q, &k, &v, &o, &lse}) {
+      if (!t->empty()) return t->cuda_ordinal;
+    }
+    return -1;
+  }
+  bool any() const { return cuda_ordinal() >= 0; }
 };
 
 enum class BackendKind { kCpu, kCuda };
@@ -90,6 +128,9 @@ struct AttentionRequest {
   // of its shared-memory region): a single-device run writes there directly (Device::RunInto)
   // and returns empty outputs. Empty o: the run returns new buffers.
   AttentionOutputs outputs_into;
+  // Tensors read or written in place in a GPU's memory (CUDA IPC regions); the host tensor of an
+  // input found here is empty. Set only by the RPC edge, for a GPU of this server.
+  DeviceIo device_io;
   absl::Time deadline = absl::InfiniteFuture();
   // Set by the RPC side (client cancel, deadline); polled by the run.
   std::atomic<bool> cancel{false};
@@ -101,6 +142,7 @@ struct AttentionRequest {
     k = HostTensor();
     v = HostTensor();
     outputs_into = AttentionOutputs();
+    device_io = DeviceIo();
   }
 };
 

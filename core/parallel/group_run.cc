@@ -24,7 +24,18 @@ class SingleStrategy final : public GroupStrategy {
   explicit SingleStrategy(AttentionRequest& request) : request_(request) {}
 
   absl::Status RunRank(int, Device& device, WorkerComms*, RankFigures& figures) override {
-    if (!request_.outputs_into.o.empty()) {
+    if (request_.device_io.any()) {
+      // Tensors in this GPU's memory (the placement pinned the request here): read and written
+      // in place; outputs named by the caller are written where it said, nothing returned.
+      AttentionOutputs* into = &request_.outputs_into;
+      ATTN_ASSIGN_OR_RETURN(AttentionOutputs out,
+                            device.RunWithDeviceIo(request_.spec, request_.shape, request_.dtype,
+                                                   request_.q, request_.k, request_.v,
+                                                   request_.device_io, request_.control(), &info_,
+                                                   into));
+      const bool written = !request_.device_io.o.empty() || !request_.outputs_into.o.empty();
+      if (!written) outputs_ = std::move(out);
+    } else if (!request_.outputs_into.o.empty()) {
       // The caller named memory for the outputs: written there, nothing returned.
       ATTN_RETURN_IF_ERROR(device.RunInto(request_.spec, request_.q, request_.k, request_.v,
                                           request_.control(), &info_, request_.outputs_into));

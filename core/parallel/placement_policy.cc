@@ -11,24 +11,39 @@
 namespace attnserve {
 namespace {
 
+// A request with tensors in a GPU's memory (DeviceIo) runs on that GPU only.
+bool Eligible(const AttentionRequest& request, const DeviceLoad& load) {
+  const int pinned = request.device_io.cuda_ordinal();
+  return pinned < 0 || load.device->cuda_ordinal() == pinned;
+}
+
 class SingleDevicePlanner final : public PlacementPlanner {
  public:
-  std::optional<PlacementDecision> Place(const AttentionRequest&,
+  std::optional<PlacementDecision> Place(const AttentionRequest& request,
                                          absl::Span<const DeviceLoad> loads) override {
     const DeviceLoad* best = nullptr;
     for (const DeviceLoad& l : loads) {
-      if (l.busy || l.estimate_bytes > l.budget_bytes) continue;
+      if (!Eligible(request, l) || l.busy || l.estimate_bytes > l.budget_bytes) continue;
       if (best == nullptr || l.used_bytes < best->used_bytes) best = &l;
     }
     if (best == nullptr) return std::nullopt;
     return PlacementDecision{Placement::kSingle, {best->index}};
   }
 
-  absl::Status Feasible(const AttentionRequest&, absl::Span<const DeviceLoad> loads) override {
+  absl::Status Feasible(const AttentionRequest& request,
+                        absl::Span<const DeviceLoad> loads) override {
     int64_t best_budget = 0;
+    bool any_eligible = false;
     for (const DeviceLoad& l : loads) {
+      if (!Eligible(request, l)) continue;
+      any_eligible = true;
       if (l.estimate_bytes <= l.idle_budget_bytes) return absl::OkStatus();
       best_budget = std::max(best_budget, l.idle_budget_bytes);
+    }
+    if (!any_eligible) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the request's tensors are on cuda:", request.device_io.cuda_ordinal(),
+                       ", which this server does not run on"));
     }
     const int64_t need = loads.empty() ? 0 : loads.front().estimate_bytes;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -42,7 +57,7 @@ class MultiDevicePlanner final : public PlacementPlanner {
  public:
   std::optional<PlacementDecision> Place(const AttentionRequest& request,
                                          absl::Span<const DeviceLoad> loads) override {
-    if (loads.size() <= 1) return single_.Place(request, loads);
+    if (loads.size() <= 1 || request.device_io.any()) return single_.Place(request, loads);
     absl::StatusOr<PlacementPlan> plan = Plan(request, loads);
     // A plan that fails now (free memory changed since Submit) or is single: one device.
     if (!plan.ok() || plan->placement == Placement::kSingle || plan->devices.size() < 2) {
@@ -60,7 +75,7 @@ class MultiDevicePlanner final : public PlacementPlanner {
 
   absl::Status Feasible(const AttentionRequest& request,
                         absl::Span<const DeviceLoad> loads) override {
-    if (loads.size() <= 1) return single_.Feasible(request, loads);
+    if (loads.size() <= 1 || request.device_io.any()) return single_.Feasible(request, loads);
     absl::StatusOr<PlacementPlan> plan = Plan(request, loads);
     if (plan.ok()) return absl::OkStatus();
     if (absl::IsResourceExhausted(plan.status())) {

@@ -1,15 +1,12 @@
-// CUDA IPC regions: a caller's device memory opened with cudaIpcOpenMemHandle. Requests copy
-// their inputs device -> host (page-locked) and their outputs host -> device through it.
+// CUDA IPC regions: a caller's device memory opened with cudaIpcOpenMemHandle.
 //
-// Reading in place would skip both copies, but needs core/cuda to take device inputs:
-// Device::Run takes host tensors (core/engine/device.h) and CudaDevice::Run copies them in. It
-// would need (1) a device-tensor view type in core/engine (pointer, ordinal, dims, dtype, owner
-// lease), (2) AttentionRequest/Job carrying either kind, with the planner placing such a request
-// on the region's GPU only (or copying peer-to-peer for other placements), (3) CudaDevice::Run
-// skipping the H2D copies (and the f32 -> bf16 conversion writing to its own scratch, as today)
-// and writing O/LSE straight into a device output view, and (4) a stream ordering rule with the
-// caller (the caller must have synchronised its writes before Attend; cudaIpcOpenMemHandle
-// memory is ordinary device memory to our stream).
+// A request runs on the region's GPU whenever that GPU belongs to this server: its kernels read
+// Q/K/V and write O/LSE in place (the request assembler makes DeviceTensorViews of the region,
+// the placement policies pin the request to that GPU). Ordering with the caller: the memory is
+// ordinary device memory to our streams, so the caller must have finished writing its inputs (a
+// synchronised stream) before it sends Attend, and may read the outputs once the response has
+// arrived (the run synchronises its stream before answering). Regions on a GPU this server does
+// not run on are copied through page-locked host memory (CopyOut / CopyIn below).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -44,6 +41,8 @@ class CudaIpcRegion final : public Region {
   absl::Status CopyIn(int64_t offset, const void* src, int64_t n) override {
     return Copy(ptr_ + offset, src, n, cudaMemcpyHostToDevice);
   }
+  std::byte* device_data() override { return ptr_; }
+  int device() const override { return device_; }
   void Describe(RegionInfo* info) const override { info->device = device_; }
 
  private:

@@ -63,6 +63,10 @@ class Region {
   int64_t bytes() const { return bytes_; }
   // Host-mapped regions: the first byte (valid while the Region lives). Null for device memory.
   virtual std::byte* host_data() { return nullptr; }
+  // Device regions (CUDA IPC): the first byte in the memory of GPU device(), valid while the
+  // Region lives; null and -1 for host regions.
+  virtual std::byte* device_data() { return nullptr; }
+  virtual int device() const { return -1; }
   // Copies bytes [offset, offset + n) of the region to host memory `dst`, or host memory `src`
   // into them (host regions: memcpy; CUDA IPC regions: cudaMemcpy). The range must be inside.
   virtual absl::Status CopyOut(int64_t offset, void* dst, int64_t n) = 0;
