@@ -273,6 +273,7 @@ class CudaDevice final : public Device {
     ctx.allocator = &alloc_;
     ctx.stream = lane.stream;
     ctx.host_memory = &ProcessPinnedHostPool();
+    ctx.copies = &copies_;
     absl::Status st = task(ctx);
     // As after Run: leave the stream idle so blocks the task freed are safe to reuse.
     const cudaError_t sync = cudaStreamSynchronize(lane.stream);

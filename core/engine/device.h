@@ -27,6 +27,7 @@ namespace attnserve {
 class HostMemory;        // core/tensor/host_memory.h
 class ThreadPool;        // core/util/thread_pool.h
 class CachingAllocator;  // core/cuda/caching_allocator.h
+struct HostCopyCounters;  // core/cuda/host_copy.h
 
 // What a task run on a device's worker thread may use: that device's own resources, so what the
 // task allocates and how long it runs show in that device's memory and busy metrics.
@@ -38,6 +39,7 @@ struct DeviceContext {
   CachingAllocator* allocator = nullptr;  // CUDA: the device's caching allocator
   CUstream_st* stream = nullptr;          // CUDA: the device's lane-0 stream (non-blocking)
   HostMemory* host_memory = nullptr;      // the device's host memory (page-locked on CUDA)
+  HostCopyCounters* copies = nullptr;     // CUDA: where the device counts its host copies
 };
 using DeviceTask = std::function<absl::Status(DeviceContext& ctx)>;
 

@@ -353,7 +353,7 @@ absl::Status GpuRingStrategy::RunRingRank(int rank, Device& device, WorkerComms*
     ATTN_ASSIGN_OR_RETURN(
         NcclCommunicator * comm,
         comms->Get(ordinals_, nccl_group_, nccl_generation_, rank, ctx, init_timeout, &created));
-    return ring_->RunRank(rank, *comm, ctx.allocator, ctx.stream);
+    return ring_->RunRank(rank, *comm, ctx.allocator, ctx.stream, ctx.copies);
   });
   if (created && env_.on_nccl_comm_created) env_.on_nccl_comm_created(rank);
   return st;

@@ -305,9 +305,10 @@ class RingCudaRun {  // one GPU ring computation over host tensors
   // by the caller); `alloc` a borrowed allocator for that device (null: a private one); `stream`
   // the worker's stream (null: a private one). A failure aborts comm's group. Dilated specs run
   // the shard-local path and do not use comm. Ranks may run concurrently (each writes only its
-  // rows).
+  // rows). The rank's host copies are counted in `copies` (the device's counters, when run as a
+  // device task), else in options.copy_counters.
   absl::Status RunRank(int rank, NcclCommunicator& comm, CachingAllocator* alloc = nullptr,
-                       cudaStream_t stream = nullptr);
+                       cudaStream_t stream = nullptr, HostCopyCounters* copies = nullptr);
   absl::StatusOr<AttentionOutputs> TakeOutputs();  // after all ranks returned OK
   std::vector<RingCudaRankStats> stats() const;     // incl. chosen q_chunks, kv_pieces
   const RingCudaPlan* plan() const { return plan_ ? &*plan_ : nullptr; }  // null for dilated
@@ -320,11 +321,12 @@ class RingCudaRun {  // one GPU ring computation over host tensors
                                                             std::vector<RingCudaRankStats>*);
   RingCudaRun() = default;
   absl::Status RunRankImpl(int rank, NcclCommunicator* comm, CachingAllocator* alloc,
-                           cudaStream_t stream);
-  absl::Status RunDilatedRank(int rank, CachingAllocator* alloc, cudaStream_t stream);
+                           cudaStream_t stream, HostCopyCounters* copies);
+  absl::Status RunDilatedRank(int rank, CachingAllocator* alloc, cudaStream_t stream,
+                              HostCopyCounters* copies);
   // One range of a dilated rank: its single-GPU plan over [B, range, H, D], synchronized.
   absl::Status RunDilatedPart(const TokenRange& range, CachingAllocator& alloc,
-                              cudaStream_t stream);
+                              cudaStream_t stream, HostCopyCounters* copies);
 
   AttentionSpec spec_;
   const HostTensor* q_ = nullptr;

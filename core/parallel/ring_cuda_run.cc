@@ -207,19 +207,20 @@ int64_t RingCudaRun::EstimateRankBytes(int rank) const {
 }
 
 absl::Status RingCudaRun::RunRank(int rank, NcclCommunicator& comm, CachingAllocator* alloc,
-                                  cudaStream_t stream) {
-  absl::Status s = RunRankImpl(rank, &comm, alloc, stream);
+                                  cudaStream_t stream, HostCopyCounters* copies) {
+  absl::Status s = RunRankImpl(rank, &comm, alloc, stream, copies);
   if (!s.ok()) comm.Abort(s);
   return s;
 }
 
 absl::Status RingCudaRun::RunRankImpl(int rank, NcclCommunicator* comm, CachingAllocator* alloc,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, HostCopyCounters* copies) {
+  HostCopyCounters* counters = copies != nullptr ? copies : options_.copy_counters;
   if (rank < 0 || rank >= ranks()) {
     return absl::InvalidArgumentError(absl::StrCat("ring (CUDA): rank ", rank, " of ", ranks()));
   }
   if (taken_) return absl::FailedPreconditionError("ring (CUDA): outputs already taken");
-  if (!plan_) return RunDilatedRank(rank, alloc, stream);
+  if (!plan_) return RunDilatedRank(rank, alloc, stream, counters);
   if (comm == nullptr) return absl::InvalidArgumentError("ring (CUDA): no communicator");
   CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[rank]));
   const DType dtype = q_->dtype();
@@ -227,13 +228,14 @@ absl::Status RingCudaRun::RunRankImpl(int rank, NcclCommunicator* comm, CachingA
   // synchronizes its stream, so that none goes back to the pool with a copy still queued.
   ShardSource qs, ks, vs;
   HostTensor lse;
+  RingCudaOptions rank_options = options_;
+  rank_options.copy_counters = counters;  // the K/V rows the rank enqueues are counted there too
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<RingCudaRank> r,
                         RingCudaRank::Create(*plan_, shape_, dtype, scale_, rank, devices_[rank],
-                                             *comm, alloc, stream, options_));
+                                             *comm, alloc, stream, rank_options));
   const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads;
   const int64_t nl = r->shard_tokens();
   const std::vector<TokenRange>& ranges = r->ranges();
-  HostCopyCounters* counters = options_.copy_counters;
   // Inputs on the rank's stream, ahead of its ticks (the communicator orders each transfer after
   // the stream's queued work): straight from the inputs' rows when they are page-locked.
   ATTN_ASSIGN_OR_RETURN(qs, SourceOf(*q_, ranges, nl));
@@ -256,7 +258,7 @@ absl::Status RingCudaRun::RunRankImpl(int rank, NcclCommunicator* comm, CachingA
 }
 
 absl::Status RingCudaRun::RunDilatedPart(const TokenRange& range, CachingAllocator& alloc,
-                                         cudaStream_t stream) {
+                                         cudaStream_t stream, HostCopyCounters* counters) {
   const DType dtype = q_->dtype();
   const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads,
                 hkv = shape_.kv_heads, d = shape_.head_dim;
@@ -280,7 +282,6 @@ absl::Status RingCudaRun::RunDilatedPart(const TokenRange& range, CachingAllocat
     ATTN_ASSIGN_OR_RETURN(qs, SourceOf(*q_, one, nl));
     ATTN_ASSIGN_OR_RETURN(ks, SourceOf(*k_, one, nl));
     ATTN_ASSIGN_OR_RETURN(vs, SourceOf(*v_, one, nl));
-    HostCopyCounters* counters = options_.copy_counters;
     ATTN_RETURN_IF_ERROR(UploadShard(qs, hq * d * es, nl, dq.get(), stream, counters));
     ATTN_RETURN_IF_ERROR(UploadShard(ks, hkv * d * es, nl, dk.get(), stream, counters));
     ATTN_RETURN_IF_ERROR(UploadShard(vs, hkv * d * es, nl, dv.get(), stream, counters));
@@ -300,7 +301,8 @@ absl::Status RingCudaRun::RunDilatedPart(const TokenRange& range, CachingAllocat
 }
 
 absl::Status RingCudaRun::RunDilatedRank(int rank, CachingAllocator* borrowed_alloc,
-                                         cudaStream_t borrowed_stream) {
+                                         cudaStream_t borrowed_stream,
+                                         HostCopyCounters* counters) {
   const int device = devices_[rank];
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   std::unique_ptr<CachingAllocator> own_alloc;
@@ -310,7 +312,7 @@ absl::Status RingCudaRun::RunDilatedRank(int rank, CachingAllocator* borrowed_al
   if (stream == nullptr) CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   absl::Status st;
   for (const TokenRange& r : dilated_split_[rank]) {
-    if (r.size() > 0 && st.ok()) st = RunDilatedPart(r, alloc, stream);
+    if (r.size() > 0 && st.ok()) st = RunDilatedPart(r, alloc, stream, counters);
   }
   cudaStreamSynchronize(stream);
   if (borrowed_stream == nullptr) cudaStreamDestroy(stream);
@@ -363,7 +365,7 @@ absl::StatusOr<AttentionOutputs> RingAttentionCuda(const AttentionSpec& spec, co
   if (run->plan() == nullptr) {  // dilated: shard-local, no communicator
     for (int rank = 0; rank < P; ++rank) {
       threads.emplace_back(
-          [&, rank] { status[rank] = run->RunRankImpl(rank, nullptr, nullptr, nullptr); });
+          [&, rank] { status[rank] = run->RunRankImpl(rank, nullptr, nullptr, nullptr, nullptr); });
     }
   } else {
     for (int rank = 0; rank < P; ++rank) {
