@@ -47,6 +47,13 @@ ABSL_FLAG(int64_t, max_request_bytes, int64_t{8} << 30, "largest Q + K + V bytes
 ABSL_FLAG(int, max_queue, 64, "requests that may wait for a device; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_regions, 64,
           "shared-memory regions (RegisterRegion) registered at once; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, context_memory_bytes, 0,
+          "K and V bytes the contexts (CreateContext) may hold together, split evenly over the "
+          "devices (0: half of the devices' memory); more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, context_ttl, absl::Minutes(10),
+          "how long a context may stay idle (no append, no attend) before the server deletes it, "
+          "unless its CreateContext set ttl_seconds");
+ABSL_FLAG(int, max_contexts, 1024, "contexts held at once; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "bytes one device may hold for a running request (0: the device's free memory)");
 // 4 MiB - 64 KiB: a response message is the chunk payload plus a few bytes of framing, and gRPC
@@ -187,6 +194,9 @@ int Main() {
   service_options.limits.default_response_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   service_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   service_options.max_regions = absl::GetFlag(FLAGS_max_regions);
+  service_options.contexts.memory_budget_bytes = absl::GetFlag(FLAGS_context_memory_bytes);
+  service_options.contexts.default_ttl = absl::GetFlag(FLAGS_context_ttl);
+  service_options.contexts.max_contexts = absl::GetFlag(FLAGS_max_contexts);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());
@@ -264,6 +274,7 @@ int Main() {
   server->Shutdown(std::chrono::system_clock::now());
   (*scheduler)->Shutdown();
   (*service)->ReleaseRegions();
+  (*service)->ReleaseContexts();
   server.reset();
   metrics->reset();
   spdlog::info("attnserve: stopped");

@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                                  .Add({});
 
   m->AddDataPathSeries(r, options);
+  m->AddContextSeries(r);
   m->hook_ = std::make_shared<ScrapeHook>(m.get());
   if (!options.listen.empty()) {
     // civetweb reports a failed bind by throwing; keep that exception inside this function.
@@ -231,6 +232,25 @@ void Metrics::AddDataPathSeries(prometheus::Registry& r, const MetricsOptions& o
     regions_[k] = &regions.Add({{"kind", kind}});
     region_bytes_[k] = &region_bytes.Add({{"kind", kind}});
   }
+}
+
+void Metrics::AddContextSeries(prometheus::Registry& r) {
+  auto& bytes = prometheus::BuildGauge()
+                    .Name("attnserve_context_bytes")
+                    .Help("K and V bytes of the contexts kept on the device (deleted ones still "
+                          "used by requests in flight included)")
+                    .Register(r);
+  for (DeviceSeries& s : devices_) s.context_bytes = &bytes.Add({{"device", s.device->name()}});
+  contexts_ = &prometheus::BuildGauge()
+                   .Name("attnserve_contexts")
+                   .Help("Contexts the server keeps (CreateContext, not yet deleted or expired)")
+                   .Register(r)
+                   .Add({});
+}
+
+void Metrics::SetContextSource(std::function<ContextTotals()> source) {
+  std::lock_guard<std::mutex> lock(refresh_mu_);
+  context_source_ = std::move(source);
 }
 
 void Metrics::SetRegionSource(std::function<RegionTotals()> source) {
@@ -314,6 +334,13 @@ void Metrics::Refresh() {
     for (int k = 0; k < kNumRegionKinds; ++k) {
       regions_[k]->Set(static_cast<double>(t.regions[k]));
       region_bytes_[k]->Set(static_cast<double>(t.bytes[k]));
+    }
+  }
+  if (context_source_) {
+    const ContextTotals t = context_source_();
+    contexts_->Set(static_cast<double>(t.contexts));
+    for (size_t i = 0; i < devices_.size() && i < t.bytes.size(); ++i) {
+      devices_[i].context_bytes->Set(static_cast<double>(t.bytes[i]));
     }
   }
 }

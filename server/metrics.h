@@ -26,6 +26,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/contexts/context_store.h"
 #include "server/regions/region_registry.h"
 
 namespace prometheus {
@@ -89,6 +90,9 @@ class Metrics {
   // Where the attnserve_regions / attnserve_region_bytes gauges read from on each scrape (the
   // service's region registry); null: they stay as they are. Thread-safe.
   void SetRegionSource(std::function<RegionTotals()> source);
+  // Where attnserve_contexts / attnserve_context_bytes read from on each scrape (the service's
+  // context store); null: they stay as they are. Thread-safe.
+  void SetContextSource(std::function<ContextTotals()> source);
 
   // Copies every device's Stats() into the memory gauges and recomputes the imbalance ratio.
   // Called on each scrape; thread-safe.
@@ -112,12 +116,14 @@ class Metrics {
     prometheus::Counter* copy_h2d = nullptr;
     prometheus::Counter* copy_d2h = nullptr;
     prometheus::Counter* copy_pageable = nullptr;
+    prometheus::Gauge* context_bytes = nullptr;
     DeviceStats last;  // counters' values at the last Refresh (the series add the difference)
   };
   class ScrapeHook;
 
   Metrics();
   void AddDataPathSeries(prometheus::Registry& r, const MetricsOptions& options);
+  void AddContextSeries(prometheus::Registry& r);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<ScrapeHook> hook_;
@@ -144,6 +150,8 @@ class Metrics {
   std::function<RegionTotals()> region_source_;  // under refresh_mu_
   std::array<prometheus::Gauge*, kNumRegionKinds> regions_{};
   std::array<prometheus::Gauge*, kNumRegionKinds> region_bytes_{};
+  std::function<ContextTotals()> context_source_;  // under refresh_mu_
+  prometheus::Gauge* contexts_ = nullptr;
   std::mutex refresh_mu_;  // Refresh's differences of counters
 };
 

@@ -114,6 +114,12 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
         absl::StrCat("header.response_chunk_bytes: must be in [0, ", options_.max_chunk_bytes,
                      "] (0: the server's default), got ", header.response_chunk_bytes()));
   }
+  if ((header.kv_tokens() != 0 && header.kv_tokens() != header.tokens()) ||
+      header.has_q_offset() || header.cu_seqlens_q_size() > 0 || header.cu_seqlens_k_size() > 0 ||
+      !header.context().empty()) {
+    return absl::UnimplementedError(
+        "header.kv_tokens, q_offset, cu_seqlens_q/k and context: not served by this build yet");
+  }
   if (header.placement() != v1::PLACEMENT_AUTO && !v1::Placement_IsValid(header.placement())) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.placement: unknown value ", static_cast<int>(header.placement())));

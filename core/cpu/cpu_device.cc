@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <fstream>
 #include <limits>
@@ -197,6 +198,34 @@ class CpuDevice final : public Device {
       info->sparsity = figures.sparsity;
     }
     return out;
+  }
+
+  // Host memory charged to this device's tracker while it lives.
+  absl::StatusOr<std::unique_ptr<ResidentMemory>> AllocateResident(int64_t bytes) override {
+    class HostResident final : public ResidentMemory {
+     public:
+      HostResident(int64_t bytes, HostTensor t) : ResidentMemory(bytes), t_(std::move(t)) {}
+      absl::Status Write(int64_t offset, const void* src, int64_t n) override {
+        std::memcpy(t_.data() + offset, src, static_cast<size_t>(n));
+        return absl::OkStatus();
+      }
+      absl::Status CopyFrom(ResidentMemory& from, int64_t n) override {
+        if (from.host_data() == nullptr) {
+          return absl::InvalidArgumentError("CopyFrom: the source is not host memory");
+        }
+        std::memcpy(t_.data(), from.host_data(), static_cast<size_t>(n));
+        return absl::OkStatus();
+      }
+      std::byte* host_data() override { return t_.data(); }
+
+     private:
+      HostTensor t_;
+    };
+    // A tensor of 4-byte words covering `bytes`, charged to the tracker by the tensor itself.
+    absl::StatusOr<HostTensor> t = HostTensor::Create(
+        DType::kF32, {std::max<int64_t>((bytes + 3) / 4, 1)}, &tracker_, &host_memory_);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<ResidentMemory>(new HostResident(bytes, *std::move(t)));
   }
 
   absl::Status RunTask(int64_t bytes, const DeviceTask& task) override {

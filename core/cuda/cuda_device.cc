@@ -17,12 +17,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/cuda/attention_ops.h"
+#include "core/cuda/band_figures.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_lanes.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/host_copy.h"
 #include "core/cuda/pinned_host_pool.h"
+#include "core/cuda/resident_memory.h"
 #include "core/cuda/run_io.h"
 #include "core/util/status_macros.h"
 
@@ -68,44 +70,6 @@ bool DenseOrWindow(const AttentionSpec& spec) {
 // The dtype the kernels compute in: f32 inputs are converted to bf16 on the device first.
 [[maybe_unused]] DType ComputeDType(DType dtype) {
   return dtype == DType::kF32 ? DType::kBF16 : dtype;
-}
-
-// Largest |i - j| admitted by a dense or window spec over n tokens.
-int64_t BandWidth(const AttentionSpec& spec, int64_t n) {
-  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) return std::min(w->size, n);
-  return n;
-}
-
-// Admitted (query, key) pairs of a dense or window spec over n tokens, exactly (O(n)).
-[[maybe_unused]] double BandPairs(const AttentionSpec& spec, int64_t n) {
-  if (std::holds_alternative<DenseSpec>(spec.pattern)) {
-    const double dn = static_cast<double>(n);
-    return spec.causal ? dn * (dn + 1) / 2 : dn * dn;
-  }
-  const int64_t ws = BandWidth(spec, n);
-  int64_t pairs = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t lo = std::max<int64_t>(0, i - ws);
-    const int64_t hi = spec.causal ? i : std::min(n - 1, i + ws);
-    pairs += hi - lo + 1;
-  }
-  return static_cast<double>(pairs);
-}
-
-// Fraction of (query block, key block) pairs with no admitted pair, blocks of `block` tokens: what
-// the own kernels' layout of the same spec reports (O(n / block)).
-[[maybe_unused]] double BandSparsity(const AttentionSpec& spec, int64_t n, int64_t block) {
-  const int64_t nb = NumBlocks(n, block);
-  if (nb == 0) return 0;
-  const int64_t ws = BandWidth(spec, n);
-  int64_t kept = 0;
-  for (int64_t i = 0; i < nb; ++i) {
-    const int64_t q0 = i * block, q1 = std::min(n, q0 + block) - 1;
-    const int64_t k_lo = std::max<int64_t>(0, q0 - ws);
-    const int64_t k_hi = spec.causal ? q1 : std::min(n - 1, q1 + ws);
-    kept += k_hi / block - k_lo / block + 1;
-  }
-  return 1.0 - static_cast<double>(kept) / (static_cast<double>(nb) * static_cast<double>(nb));
 }
 
 // What the engine memory is keyed by: everything a cuDNN graph depends on.
@@ -182,6 +146,9 @@ class CudaDevice final : public Device {
   }
 
   HostMemory& host_memory() override { return ProcessPinnedHostPool(); }
+  absl::StatusOr<std::unique_ptr<ResidentMemory>> AllocateResident(int64_t bytes) override {
+    return MakeCudaResidentMemory(ordinal_, alloc_, alloc_gate_, &copies_, bytes);
+  }
   int lanes() const override { return lanes_.size(); }
 
   // Thread-safe (reads only the fixed engine mode): the scheduler calls it from other threads.

@@ -7,6 +7,7 @@
 #ifndef ATTNSERVE_CORE_ENGINE_DEVICE_H_
 #define ATTNSERVE_CORE_ENGINE_DEVICE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -42,6 +43,32 @@ struct DeviceContext {
   HostCopyCounters* copies = nullptr;     // CUDA: where the device counts its host copies
 };
 using DeviceTask = std::function<absl::Status(DeviceContext& ctx)>;
+
+// Memory a device keeps between requests (a context's K and V): taken from the device's own
+// memory and counted in its Stats() for as long as the object lives. Writes to disjoint ranges may
+// run on several threads at once; a request reads it through a view (HostTensor::Wrap of
+// host_data() on a CPU device, a DeviceTensorView of device_data() on a GPU).
+class ResidentMemory {
+ public:
+  explicit ResidentMemory(int64_t bytes) : bytes_(bytes) {}
+  virtual ~ResidentMemory() = default;
+  ResidentMemory(const ResidentMemory&) = delete;
+  ResidentMemory& operator=(const ResidentMemory&) = delete;
+
+  int64_t bytes() const { return bytes_; }
+  // Copies `n` bytes of host memory `src` to [offset, offset + n) and returns once they are
+  // there. The range must be inside.
+  virtual absl::Status Write(int64_t offset, const void* src, int64_t n) = 0;
+  // Copies the first `n` bytes of `from` (memory of the same device) to the start of this one.
+  virtual absl::Status CopyFrom(ResidentMemory& from, int64_t n) = 0;
+  // The bytes: in host memory on a CPU device, in the GPU's memory on a CUDA device (the other
+  // is null).
+  virtual std::byte* host_data() { return nullptr; }
+  virtual std::byte* device_data() { return nullptr; }
+
+ private:
+  int64_t bytes_;
+};
 
 class Device {
  public:
@@ -98,6 +125,12 @@ class Device {
         (void)info, (void)into;
     return absl::UnimplementedError(
         absl::StrCat(name(), ": tensors in GPU memory need a CUDA device"));
+  }
+  // `bytes` of this device's memory kept until the returned object is destroyed (thread-safe).
+  // RESOURCE_EXHAUSTED when the device cannot give them; UNIMPLEMENTED on devices that keep none.
+  virtual absl::StatusOr<std::unique_ptr<ResidentMemory>> AllocateResident(int64_t bytes) {
+    (void)bytes;
+    return absl::UnimplementedError(absl::StrCat(name(), ": keeps no memory between requests"));
   }
   // Checks that `into` has `from`'s shapes and copies (LSE only when into.lse is non-empty).
   static absl::Status CopyOutputsInto(const AttentionOutputs& from, AttentionOutputs& into) {

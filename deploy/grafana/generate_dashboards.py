@@ -429,6 +429,13 @@ def throughput_dashboard():
         "short", minimum=0,
         description="Caller regions mapped (RegisterRegion: system shared memory, CUDA IPC) and "
                     "their bytes; at --max-regions new registrations are refused."))
+    p.append(timeseries(
+        L, "Contexts",
+        [("sum(attnserve_contexts{%s})" % SEL_I, "contexts"),
+         ("sum by (device) (attnserve_context_bytes{%s})" % SEL_I, "{{device}} K/V bytes")],
+        "short", minimum=0,
+        description="Contexts kept between calls (CreateContext) and the K/V bytes they hold on "
+                    "each device; at --context-memory-bytes new rows are refused."))
     return dashboard(
         "attnserve-throughput", "attnserve — throughput",
         "Per-device tokens/s, TFLOP/s, busy fraction and NCCL traffic; request rate, latency, "

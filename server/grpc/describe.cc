@@ -76,6 +76,9 @@ v1::DescribeResponse AttentionServiceImpl::BuildDescribe() const {
         "composition from the first GPU's worker while the group's other GPUs are reserved for "
         "it).");
   }
+  for (const ContextInfo& info : contexts_->List("")) {
+    ContextStatusToProto(info, r.add_contexts());
+  }
   return r;
 }
 

@@ -33,23 +33,43 @@ absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> AttentionServiceImpl::Crea
     return absl::InvalidArgumentError(
         absl::StrCat("--max-regions: must be >= 0, got ", options.max_regions));
   }
+  ContextStoreOptions contexts = options.contexts;
+  std::vector<Device*> devices;
+  int64_t device_bytes = 0;
+  for (size_t i = 0; i < pool->size(); ++i) {
+    devices.push_back(&pool->device(i));
+    device_bytes += pool->device(i).Stats().memory_total_bytes;
+  }
+  if (contexts.memory_budget_bytes == 0) contexts.memory_budget_bytes = device_bytes / 2;
+  absl::StatusOr<std::unique_ptr<ContextStore>> store =
+      ContextStore::Create(contexts, std::move(devices));
+  if (!store.ok()) return store.status();
   return std::unique_ptr<AttentionServiceImpl>(
-      new AttentionServiceImpl(options, pool, scheduler, metrics));
+      new AttentionServiceImpl(options, pool, scheduler, metrics, *std::move(store)));
 }
 
 AttentionServiceImpl::AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool,
-                                           Scheduler* scheduler, Metrics* metrics)
-    : options_(options), pool_(pool), scheduler_(scheduler), metrics_(metrics) {
+                                           Scheduler* scheduler, Metrics* metrics,
+                                           std::unique_ptr<ContextStore> contexts)
+    : options_(options),
+      pool_(pool),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      contexts_(std::move(contexts)) {
   RegionRegistryOptions regions;
   regions.max_regions = options.max_regions;
   regions.host_memory = &pool->device(0).host_memory();
   regions_ = MakeRegionRegistry(regions);
   RegionRegistry* registry = regions_.get();
   metrics_->SetRegionSource([registry] { return registry->Totals(); });
+  ContextStore* store = contexts_.get();
+  metrics_->SetContextSource([store] { return store->Totals(); });
 }
 
 AttentionServiceImpl::~AttentionServiceImpl() {
   metrics_->SetRegionSource(nullptr);
+  metrics_->SetContextSource(nullptr);
+  contexts_->DeleteAll();
   regions_->ReleaseAll();
 }
 

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
 #include "core/tensor/tensor.h"
+#include "server/contexts/context_store.h"
 #include "server/device_pool.h"
 #include "server/metrics.h"
 #include "server/regions/region_registry.h"
@@ -28,7 +29,13 @@ struct ServiceOptions {
   AssemblerOptions limits;  // `tracker` is ignored: the service charges its own
   int max_queue = 64;       // reported by Describe (the scheduler enforces it)
   int max_regions = 64;     // shared-memory regions registered at once (--max-regions)
+  // Contexts (--context-memory-bytes, --context-ttl, --max-contexts). A budget of 0 means half of
+  // the devices' memory together.
+  ContextStoreOptions contexts;
 };
+
+// A context's figures as the wire reports them (ContextStatus).
+void ContextStatusToProto(const ContextInfo& info, v1::ContextStatus* out);
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
@@ -53,6 +60,21 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
                                         const v1::ListRegionsRequest* request,
                                         v1::ListRegionsResponse* response) override;
+  // Contexts (grpc/contexts.cc).
+  grpc::ServerUnaryReactor* CreateContext(grpc::CallbackServerContext* context,
+                                          const v1::CreateContextRequest* request,
+                                          v1::CreateContextResponse* response) override;
+  grpc::ServerReadReactor<v1::AppendContextRequest>* AppendContext(
+      grpc::CallbackServerContext* context, v1::AppendContextResponse* response) override;
+  grpc::ServerUnaryReactor* GetContext(grpc::CallbackServerContext* context,
+                                       const v1::GetContextRequest* request,
+                                       v1::GetContextResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteContext(grpc::CallbackServerContext* context,
+                                          const v1::DeleteContextRequest* request,
+                                          v1::DeleteContextResponse* response) override;
+  grpc::ServerUnaryReactor* ListContexts(grpc::CallbackServerContext* context,
+                                         const v1::ListContextsRequest* request,
+                                         v1::ListContextsResponse* response) override;
   ~AttentionServiceImpl() override;
 
   // From now on new Attend calls fail with UNAVAILABLE "server is draining"; calls in progress
@@ -68,15 +90,19 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // regions mapped until they end.
   void ReleaseRegions() { regions_->ReleaseAll(); }
   RegionRegistry& regions() { return *regions_; }
+  // Drops every context (server shutdown; requests in flight keep theirs until they end).
+  void ReleaseContexts() { contexts_->DeleteAll(); }
+  ContextStore& contexts() { return *contexts_; }
 
   // What Describe returns.
   v1::DescribeResponse BuildDescribe() const;
 
  private:
   class AttendReactor;
+  class AppendReactor;
 
   AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler,
-                       Metrics* metrics);
+                       Metrics* metrics, std::unique_ptr<ContextStore> contexts);
   void CallStarted();
   void CallEnded();
   std::string NextRequestId();
@@ -87,6 +113,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   Metrics* const metrics_;
   MemoryTracker request_memory_;
   std::unique_ptr<RegionRegistry> regions_;
+  std::unique_ptr<ContextStore> contexts_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
 

@@ -36,6 +36,8 @@ DESIGN_METRICS = {
     "attnserve_host_pageable_fallback_bytes_total": set(),
     "attnserve_regions": {"kind"},
     "attnserve_region_bytes": {"kind"},
+    "attnserve_contexts": set(),
+    "attnserve_context_bytes": {"device"},
 }
 HISTOGRAMS = {"attnserve_request_duration_seconds", "attnserve_queue_wait_seconds",
               "attnserve_request_stage_seconds"}

@@ -1,0 +1,256 @@
+// CreateContext, AppendContext, GetContext, DeleteContext, ListContexts over the service's
+// ContextStore (server/contexts/). As for regions, the owner passed to the store is the empty
+// string today: one namespace per server.
+#include <array>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+#include "server/grpc/service.h"
+#include "spdlog/spdlog.h"
+#include "wire/convert.h"
+#include "wire/status.h"
+
+namespace attnserve {
+namespace {
+
+std::string OwnerOf(const grpc::CallbackServerContext& /*context*/) { return ""; }
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+void ContextStatusToProto(const ContextInfo& info, v1::ContextStatus* out) {
+  const ContextConfig& c = info.config;
+  out->set_name(c.name);
+  out->set_dtype(DTypeToProto(c.dtype));
+  out->set_kv_heads(c.kv_heads);
+  out->set_head_dim(c.head_dim);
+  out->set_tokens(info.tokens);
+  out->set_capacity_tokens(c.capacity_tokens);
+  out->set_reserved_tokens(info.reserved_tokens);
+  out->set_bytes(info.bytes);
+  out->set_device(info.device);
+  out->set_ttl_seconds(absl::ToInt64Seconds(c.ttl));
+  out->set_idle_seconds(info.idle_seconds);
+  out->set_attends(info.attends);
+  out->set_in_use(info.in_use);
+}
+
+// One AppendContext call: the header, then K and V chunks into page-locked host tensors (or
+// region views), then, at the client's half-close, one commit into the context. gRPC runs one
+// read at a time, so the reactor needs no lock; Finish runs once and no read follows it.
+class AttentionServiceImpl::AppendReactor final
+    : public grpc::ServerReadReactor<v1::AppendContextRequest> {
+ public:
+  AppendReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context,
+                v1::AppendContextResponse* response)
+      : service_(service), context_(context), response_(response) {
+    service_->CallStarted();
+    if (service_->draining()) {
+      Finish(ToGrpcStatus(absl::UnavailableError("server is draining")));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    // !ok: the client half-closed (or the call broke: then Finish goes nowhere).
+    absl::Status s = ok ? Add() : Commit();
+    if (!ok || !s.ok()) {
+      if (!s.ok()) spdlog::warn("append context '{}': {}", name_, s.ToString());
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    AttentionServiceImpl* service = service_;
+    delete this;  // frees the staged rows
+    service->CallEnded();
+  }
+
+ private:
+  absl::Status Add() {
+    if (request_.has_header()) return AddHeader(request_.header());
+    if (request_.has_chunk()) return AddChunk(request_.chunk());
+    return absl::InvalidArgumentError("request.message: one of header, chunk must be set");
+  }
+
+  absl::Status AddHeader(const v1::AppendContextHeader& h) {
+    if (has_header_) return absl::InvalidArgumentError("header: sent twice");
+    name_ = h.context();
+    ATTN_ASSIGN_OR_RETURN(ContextInfo info, service_->contexts_->Get(OwnerOf(*context_), name_));
+    if (h.tokens() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.tokens: must be >= 1, got ", h.tokens()));
+    }
+    const ContextConfig& c = info.config;
+    const int64_t row_bytes = c.kv_heads * c.head_dim * static_cast<int64_t>(DTypeSize(c.dtype));
+    const int64_t limit = service_->options_.limits.max_request_bytes;
+    if (h.tokens() > limit / (2 * row_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "header.tokens: ", h.tokens(), " rows of K and V exceed --max-request-bytes=", limit,
+          " (append in pieces)"));
+    }
+    tokens_ = h.tokens();
+    bytes_ = tokens_ * row_bytes;
+    if (h.has_expect_tokens()) expect_ = h.expect_tokens();
+    const std::vector<int64_t> dims = {tokens_, c.kv_heads, c.head_dim};
+    const v1::RegionRef* refs[2] = {&h.k_region(), &h.v_region()};
+    const bool has_ref[2] = {h.has_k_region(), h.has_v_region()};
+    for (int i = 0; i < 2; ++i) {
+      const char* const name = i == 0 ? "k" : "v";
+      if (has_ref[i]) {
+        ATTN_ASSIGN_OR_RETURN(
+            RegionSlice slice,
+            ResolveRegionRef(service_->regions_.get(), OwnerOf(*context_), *refs[i],
+                             absl::StrCat("header.", name, "_region"), bytes_,
+                             absl::StrCat(name, " [", tokens_, ", ", c.kv_heads, ", ", c.head_dim,
+                                          "] ", std::string(DTypeName(c.dtype)))));
+        ATTN_ASSIGN_OR_RETURN(
+            tensors_[i], TensorFromSlice(slice, c.dtype, dims, &service_->request_memory_,
+                                         &service_->pool_->device(0).host_memory()));
+        received_[i].Insert(0, bytes_, nullptr);
+        from_region_[i] = true;
+        continue;
+      }
+      ATTN_ASSIGN_OR_RETURN(tensors_[i],
+                            HostTensor::Create(c.dtype, dims, &service_->request_memory_,
+                                               &service_->pool_->device(0).host_memory()));
+    }
+    has_header_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status AddChunk(const v1::TensorChunk& chunk) {
+    if (!has_header_) return absl::InvalidArgumentError("header: must be the first message");
+    const int i = chunk.tensor() == v1::TENSOR_K ? 0 : chunk.tensor() == v1::TENSOR_V ? 1 : -1;
+    if (i < 0) return absl::InvalidArgumentError("chunk.tensor: must be TENSOR_K or TENSOR_V");
+    const char* const name = i == 0 ? "k" : "v";
+    if (from_region_[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk for ", name, ": header.", name, "_region already supplies ", name));
+    }
+    const int64_t size = static_cast<int64_t>(chunk.data().size());
+    if (size > service_->options_.limits.max_chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk for ", name, ": ", size,
+                                                     " bytes, above --max-chunk-bytes"));
+    }
+    if (chunk.offset() < 0 || chunk.offset() > bytes_ - size) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk for ", name, ": bytes [",
+                                                     chunk.offset(), ", +", size,
+                                                     ") outside the ", bytes_, " bytes of ", name));
+    }
+    std::pair<int64_t, int64_t> overlap;
+    if (!received_[i].Insert(chunk.offset(), chunk.offset() + size, &overlap)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk for ", name, ": bytes [", chunk.offset(), ", ", chunk.offset() + size,
+          ") overlap bytes [", overlap.first, ", ", overlap.second, ") received before"));
+    }
+    if (size > 0) std::memcpy(tensors_[i].data() + chunk.offset(), chunk.data().data(), size);
+    return absl::OkStatus();
+  }
+
+  absl::Status Commit() {
+    if (!has_header_) return absl::InvalidArgumentError("header: must be the first message");
+    for (int i = 0; i < 2; ++i) {
+      if (received_[i].covered_bytes() != bytes_) {
+        return absl::InvalidArgumentError(absl::StrCat(i == 0 ? "k" : "v", ": received ",
+                                                       received_[i].covered_bytes(), " of ",
+                                                       bytes_, " bytes"));
+      }
+    }
+    ATTN_ASSIGN_OR_RETURN(ContextInfo info, service_->contexts_->Append(
+                                                OwnerOf(*context_), name_, tokens_,
+                                                tensors_[0].data(), tensors_[1].data(), expect_));
+    ContextStatusToProto(info, response_->mutable_context());
+    return absl::OkStatus();
+  }
+
+  AttentionServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  v1::AppendContextResponse* const response_;
+  v1::AppendContextRequest request_;
+  bool has_header_ = false;
+  std::string name_;
+  int64_t tokens_ = 0;
+  int64_t bytes_ = 0;  // of K, and of V
+  std::optional<int64_t> expect_;
+  std::array<HostTensor, 2> tensors_;
+  std::array<ByteRangeSet, 2> received_;
+  std::array<bool, 2> from_region_{};
+};
+
+grpc::ServerReadReactor<v1::AppendContextRequest>* AttentionServiceImpl::AppendContext(
+    grpc::CallbackServerContext* context, v1::AppendContextResponse* response) {
+  return new AppendReactor(this, context, response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
+    grpc::CallbackServerContext* context, const v1::CreateContextRequest* request,
+    v1::CreateContextResponse* response) {
+  ContextConfig config;
+  config.name = request->name();
+  absl::StatusOr<DType> dtype = DTypeFromProto(request->dtype(), "dtype");
+  if (!dtype.ok()) return FinishWith(context, dtype.status());
+  config.dtype = *dtype;
+  config.kv_heads = request->kv_heads();
+  config.head_dim = request->head_dim();
+  config.capacity_tokens = request->capacity_tokens();
+  if (request->ttl_seconds() < 0) {
+    return FinishWith(context, absl::InvalidArgumentError(absl::StrCat(
+                                   "ttl_seconds: must be >= 0, got ", request->ttl_seconds())));
+  }
+  config.ttl = absl::Seconds(request->ttl_seconds());
+  absl::StatusOr<ContextInfo> info = contexts_->CreateContext(OwnerOf(*context), config);
+  if (!info.ok()) {
+    spdlog::warn("create context '{}': {}", request->name(), info.status().ToString());
+    return FinishWith(context, info.status());
+  }
+  spdlog::info("create context '{}' on {}: {} bytes reserved", config.name, info->device,
+               info->bytes);
+  ContextStatusToProto(*info, response->mutable_context());
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetContext(grpc::CallbackServerContext* context,
+                                                           const v1::GetContextRequest* request,
+                                                           v1::GetContextResponse* response) {
+  absl::StatusOr<ContextInfo> info = contexts_->Get(OwnerOf(*context), request->name());
+  if (info.ok()) ContextStatusToProto(*info, response->mutable_context());
+  return FinishWith(context, info.status());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteContext(
+    grpc::CallbackServerContext* context, const v1::DeleteContextRequest* request,
+    v1::DeleteContextResponse* response) {
+  absl::StatusOr<int64_t> in_use = contexts_->Delete(OwnerOf(*context), request->name());
+  if (in_use.ok()) {
+    spdlog::info("delete context '{}'{}", request->name(),
+                 *in_use > 0 ? absl::StrCat(": ", *in_use, " request(s) still use it") : "");
+    response->set_in_use(*in_use);
+  }
+  return FinishWith(context, in_use.status());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListContexts(
+    grpc::CallbackServerContext* context, const v1::ListContextsRequest* /*request*/,
+    v1::ListContextsResponse* response) {
+  for (const ContextInfo& info : contexts_->List(OwnerOf(*context))) {
+    ContextStatusToProto(info, response->add_contexts());
+  }
+  return FinishWith(context, absl::OkStatus());
+}
+
+}  // namespace attnserve
