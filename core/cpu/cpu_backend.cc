@@ -1,8 +1,6 @@
 #include "core/cpu/cpu_backend.h"
 
 #include <algorithm>
-#include <atomic>
-#include <functional>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -31,35 +29,12 @@ using cpu_detail::BlockResult;
 using cpu_detail::HeadSlice;
 using cpu_detail::LoadRow;
 using cpu_detail::QueryTile;
-using cpu_detail::ScopedFlushDenormals;
+using cpu_detail::RunItems;
 using cpu_detail::SquareQueryTile;
 using cpu_detail::StoreRow;
 using cpu_detail::ThreadScratch;
 using cpu_detail::TileScratch;
 using cpu_detail::kNegInf;
-
-// Runs fn(i) for i in [0, n) on the pool (or inline), skipping the rest once `cancel` reads
-// true. Returns CANCELLED if any item was skipped for that reason.
-absl::Status RunItems(const CpuRunOptions& options, int64_t n,
-                      const std::function<void(int64_t)>& fn) {
-  std::atomic<bool> stopped{false};
-  auto item = [&](int64_t i) {
-    if (stopped.load(std::memory_order_relaxed)) return;
-    if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
-      stopped.store(true, std::memory_order_relaxed);
-      return;
-    }
-    ScopedFlushDenormals ftz;
-    fn(i);
-  };
-  if (options.pool != nullptr) {
-    options.pool->ParallelFor(n, item);
-  } else {
-    for (int64_t i = 0; i < n; ++i) item(i);
-  }
-  if (stopped.load()) return absl::CancelledError("request cancelled");
-  return absl::OkStatus();
-}
 
 // Float32 [B, H, N, D] copies of the inputs, charged to the tracker: every (batch, head) slice is
 // contiguous rows, which is what the tile GEMMs read.
@@ -85,7 +60,7 @@ absl::StatusOr<Workspaces> MakeWorkspaces(const AttentionShape& s, float scale,
   const int64_t N = s.tokens, D = s.head_dim;
   // Items: (b, head) of q, then of k and v; each transposes N rows of D.
   const int64_t nq = s.batch * s.q_heads, nkv = s.batch * s.kv_heads;
-  ATTN_RETURN_IF_ERROR(RunItems(options, nq + nkv, [&](int64_t i) {
+  ATTN_RETURN_IF_ERROR(RunItems(options.pool, options.cancel, nq + nkv, [&](int64_t i) {
     const bool is_q = i < nq;
     const int64_t bh = is_q ? i : i - nq;
     const int64_t H = is_q ? s.q_heads : s.kv_heads;
@@ -114,7 +89,7 @@ absl::Status RunLayout(const AttentionShape& s, const BlockLayout& layout, const
   const int64_t bh_count = s.batch * Hq;
   const int64_t nqb = layout.num_blocks;
   const IntervalRule rule = ToIntervalRule(layout.rule);
-  return RunItems(options, nqb * bh_count, [&](int64_t i) {
+  return RunItems(options.pool, options.cancel, nqb * bh_count, [&](int64_t i) {
     const int64_t qb = nqb - 1 - i / bh_count;
     const int64_t bh = i % bh_count;
     const int64_t b = bh / Hq, h = bh % Hq;
@@ -177,7 +152,7 @@ absl::Status RunDilated(const AttentionShape& s, const CompiledPattern& compiled
       head_start[h + 1] = head_start[h] + std::max<int64_t>(0, g.seg_start.size() - 1);
     }
     const int64_t per_batch = head_start[Hq];
-    ATTN_RETURN_IF_ERROR(RunItems(options, B * per_batch, [&](int64_t i) {
+    ATTN_RETURN_IF_ERROR(RunItems(options.pool, options.cancel, B * per_batch, [&](int64_t i) {
       const int64_t b = i / per_batch;
       const int64_t rem = i % per_batch;
       const int64_t h =
@@ -218,7 +193,7 @@ absl::Status RunDilated(const AttentionShape& s, const CompiledPattern& compiled
   }
 
   // Accumulator [B, Hq, N, D] f32 -> O [B, N, Hq, D] in the input dtype.
-  return RunItems(options, B * Hq, [&](int64_t bh) {
+  return RunItems(options.pool, options.cancel, B * Hq, [&](int64_t bh) {
     const int64_t b = bh / Hq, h = bh % Hq;
     for (int64_t n = 0; n < N; ++n) {
       StoreRow(acc + (bh * N + n) * D, D, o, ((b * N + n) * Hq + h) * D);
@@ -347,6 +322,12 @@ absl::Status CpuAttentionInto(const AttentionSpec& spec, const CompiledPattern& 
                               const HostTensor& q, const HostTensor& k, const HostTensor& v,
                               const CpuRunOptions& options, HostTensor& o, HostTensor& lse) {
   ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
+  if (!IsSquare(spec, s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compiled: a pattern compiled for one length cannot run ", s.tokens, " queries at offset ",
+        spec.q_offset, " against ", s.kv_len(), " keys", IsPacked(spec) ? " (packed)" : "",
+        "; run it with CpuAttention or CpuAttentionRectInto"));
+  }
   const bool is_dilated = std::holds_alternative<DilatedSpec>(spec.pattern);
   if (is_dilated != compiled.dilated.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -393,6 +374,7 @@ absl::StatusOr<AttentionOutputs> CpuAttention(const AttentionSpec& spec, const H
                                               const CpuRunOptions& options) {
   ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, s));
+  if (!IsSquare(spec, s)) return CpuAttentionRect(spec, q, k, v, options);
   ATTN_ASSIGN_OR_RETURN(const CompiledPattern compiled,
                         CompileValidatedPattern(spec, s.tokens, s.q_heads, options.compile));
   return CpuAttentionCompiled(spec, compiled, q, k, v, options);
@@ -415,7 +397,7 @@ absl::Status CpuAttentionPiece(const AttentionSpec& spec, const RectLayout& layo
   const int64_t q_stride = args.q_heads * D;
   const int64_t kv_stride = args.kv_heads * D;
   const float scale = EffectiveScale(spec, D);
-  return RunItems(options, args.batch * heads * per_bh, [&](int64_t i) {
+  return RunItems(options.pool, options.cancel, args.batch * heads * per_bh, [&](int64_t i) {
     const int64_t qt = tiles[i % per_bh];
     const int64_t bh = i / per_bh;
     const int64_t b = bh / heads;

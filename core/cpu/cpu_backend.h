@@ -4,7 +4,7 @@
 // Two entry points share one tile kernel (one query tile against a run of kept key tiles, masks on
 // global positions, online softmax): whole computations over a square BlockLayout
 // (CpuAttention*), and rectangular pieces over a RectLayout merged into float32 accumulators with
-// the LSE rule (CpuAttentionPiece, what a ring step runs).
+// the LSE rule (CpuAttentionPiece, what a ring step and every non-square request run).
 #ifndef ATTNSERVE_CORE_CPU_CPU_BACKEND_H_
 #define ATTNSERVE_CORE_CPU_CPU_BACKEND_H_
 
@@ -37,12 +37,15 @@ constexpr bool CpuSupportsHeadDim(int64_t head_dim) {
   return head_dim >= 1 && head_dim <= kMaxHeadDim;
 }
 
-// Validates, compiles and runs `spec` on q [B, N, Hq, D], k/v [B, N, Hkv, D] (same dtype).
+// Validates, compiles and runs `spec` on q [B, Nq, Hq, D], k/v [B, Nkv, Hkv, D] (same dtype):
+// square requests over the compiled BlockLayout, the others (IsSquare false: a query offset,
+// Nq != Nkv, packed sequences) as CpuAttentionRect.
 absl::StatusOr<AttentionOutputs> CpuAttention(const AttentionSpec& spec, const HostTensor& q,
                                               const HostTensor& k, const HostTensor& v,
                                               const CpuRunOptions& options = {});
 
-// Runs an already compiled pattern (what the ring driver calls per step). Same contract.
+// Runs an already compiled pattern (what the ring driver calls per step). Same contract, for
+// square requests only: the pattern is compiled for one length (INVALID_ARGUMENT otherwise).
 absl::StatusOr<AttentionOutputs> CpuAttentionCompiled(const AttentionSpec& spec,
                                                       const CompiledPattern& compiled,
                                                       const HostTensor& q, const HostTensor& k,
@@ -54,6 +57,25 @@ absl::StatusOr<AttentionOutputs> CpuAttentionCompiled(const AttentionSpec& spec,
 absl::Status CpuAttentionInto(const AttentionSpec& spec, const CompiledPattern& compiled,
                               const HostTensor& q, const HostTensor& k, const HostTensor& v,
                               const CpuRunOptions& options, HostTensor& o, HostTensor& lse);
+
+// What a rectangular run computed, for FLOP counts and sparsity.
+struct CpuRectFigures {
+  double admitted_pairs = 0;  // (query, key) pairs computed, summed over batch and query heads
+  double possible_pairs = 0;  // every query against every key of its sequence, the same way
+};
+
+// Any request (square or not: DESIGN "The math", positions, packed batches) run as the RectLayouts
+// of its spans (core/spec/rect_pattern.h) through CpuAttentionPiece: o [B, Nq, Hq, D] in q's
+// dtype and lse [B, Hq, Nq] f32, every element written. Validates; `figures` may be null.
+absl::Status CpuAttentionRectInto(const AttentionSpec& spec, const HostTensor& q,
+                                  const HostTensor& k, const HostTensor& v,
+                                  const CpuRunOptions& options, HostTensor& o, HostTensor& lse,
+                                  CpuRectFigures* figures = nullptr);
+// The same into new outputs.
+absl::StatusOr<AttentionOutputs> CpuAttentionRect(const AttentionSpec& spec, const HostTensor& q,
+                                                  const HostTensor& k, const HostTensor& v,
+                                                  const CpuRunOptions& options = {},
+                                                  CpuRectFigures* figures = nullptr);
 
 // A query head and the key/value head it reads, as head indices into a piece's buffers.
 struct HeadPair {

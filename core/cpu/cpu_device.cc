@@ -139,7 +139,8 @@ class CpuDevice final : public Device {
     const absl::int128 elem = DTypeSize(dtype);
     const absl::int128 tokens = absl::int128(shape.batch) * shape.tokens;
     const absl::int128 q = tokens * shape.q_heads * shape.head_dim;
-    const absl::int128 kv = tokens * shape.kv_heads * shape.head_dim;
+    const absl::int128 kv = absl::int128(shape.batch) * shape.kv_len() * shape.kv_heads *
+                            shape.head_dim;
     const absl::int128 rows = tokens * shape.q_heads;  // LSE entries
     absl::int128 bytes = (q + 2 * kv) * elem;          // inputs
     bytes += q * elem + rows * 4;                      // outputs
@@ -182,10 +183,23 @@ class CpuDevice final : public Device {
     options.pool = &pool_;
     options.tracker = &tracker_;
     options.cancel = control.cancel;
-    ATTN_ASSIGN_OR_RETURN(CompiledPattern compiled,
-                          CompileValidatedPattern(spec, shape.tokens, shape.q_heads, options.compile));
-    const PatternFigures figures = Figures(spec, compiled, shape);
-    absl::StatusOr<AttentionOutputs> out = CpuAttentionCompiled(spec, compiled, q, k, v, options);
+    PatternFigures figures;
+    absl::StatusOr<AttentionOutputs> out;
+    if (IsSquare(spec, shape)) {
+      ATTN_ASSIGN_OR_RETURN(CompiledPattern compiled, CompileValidatedPattern(
+                                                          spec, shape.tokens, shape.q_heads,
+                                                          options.compile));
+      figures = Figures(spec, compiled, shape);
+      out = CpuAttentionCompiled(spec, compiled, q, k, v, options);
+    } else {
+      // A query offset, Nq != Nkv or packed sequences: one rectangular problem per sequence.
+      CpuRectFigures rect;
+      out = CpuAttentionRect(spec, q, k, v, options, &rect);
+      figures.pairs_all_heads = rect.admitted_pairs / static_cast<double>(shape.batch);
+      figures.sparsity = rect.possible_pairs > 0
+                             ? std::clamp(1.0 - rect.admitted_pairs / rect.possible_pairs, 0.0, 1.0)
+                             : 0.0;
+    }
     const absl::Time end = absl::Now();
     if (!out.ok() && absl::IsCancelled(out.status()) && end >= control.deadline) {
       return absl::DeadlineExceededError("deadline passed while running");

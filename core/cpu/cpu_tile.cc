@@ -14,6 +14,27 @@ TileScratch& ThreadScratch() {
   return scratch;
 }
 
+absl::Status RunItems(ThreadPool* pool, const std::atomic<bool>* cancel, int64_t n,
+                      const std::function<void(int64_t)>& fn) {
+  std::atomic<bool> stopped{false};
+  auto item = [&](int64_t i) {
+    if (stopped.load(std::memory_order_relaxed)) return;
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      stopped.store(true, std::memory_order_relaxed);
+      return;
+    }
+    ScopedFlushDenormals ftz;
+    fn(i);
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(n, item);
+  } else {
+    for (int64_t i = 0; i < n; ++i) item(i);
+  }
+  if (stopped.load()) return absl::CancelledError("request cancelled");
+  return absl::OkStatus();
+}
+
 // Sets the entries of one key tile's columns that its mask does not admit to `value` (-inf on the
 // scores before the softmax; 0 on the probabilities after it, because the vectorised exp maps
 // -inf to a tiny positive value, not to 0). Every rule admits one interval of keys per query

@@ -5,7 +5,9 @@
 #ifndef ATTNSERVE_CORE_CPU_CPU_TILE_H_
 #define ATTNSERVE_CORE_CPU_CPU_TILE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -14,10 +16,12 @@
 #endif
 
 #include "Eigen/Core"
+#include "absl/status/status.h"
 #include "core/spec/attention_spec.h"
 #include "core/spec/block_layout.h"
 #include "core/spec/rect_layout.h"
 #include "core/tensor/tensor.h"
+#include "core/util/thread_pool.h"
 
 namespace attnserve {
 namespace cpu_detail {
@@ -86,6 +90,12 @@ struct TileScratch {
 
 // This thread's scratch (thread_local; grown on demand).
 TileScratch& ThreadScratch();
+
+// Runs fn(i) for i in [0, n) on `pool` (or inline when null), each item with denormals flushed,
+// skipping the rest once `cancel` (may be null) reads true. Returns CANCELLED if any item was
+// skipped for that reason.
+absl::Status RunItems(ThreadPool* pool, const std::atomic<bool>* cancel, int64_t n,
+                      const std::function<void(int64_t)>& fn);
 
 // One (batch, head) slice of contiguous float32 rows: what the square-layout paths read. Position
 // p of the slice is row p of q/k/v. `q` already carries the softmax scale.

@@ -70,6 +70,11 @@ absl::StatusOr<DataParallelShare> GatherShare(const DataParallelSplit& split, To
                                               const HostTensor& q, const HostTensor& k,
                                               const HostTensor& v, MemoryTracker* tracker,
                                               HostMemory* memory) {
+  // A share copies the same token rows of q, k and v.
+  if (k.dim(1) != q.dim(1)) {
+    return absl::UnimplementedError(absl::StrCat("data parallel: not yet for Nq != Nkv (q ",
+                                                 q.DebugString(), ", k ", k.DebugString(), ")"));
+  }
   const ShareGeometry s(split, q, k);
   const int64_t U = units.size();
   DataParallelShare share;
@@ -131,6 +136,12 @@ absl::StatusOr<AttentionOutputs> DataParallelAttention(const AttentionSpec& spec
   }
   ATTN_ASSIGN_OR_RETURN(const AttentionShape s, AttentionShapeOf(q, k, v));
   ATTN_DCHECK_OK(ValidateSpec(spec, s));  // validated where the request entered
+  if (!IsSquare(spec, s)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "data parallel: not yet for Nq != Nkv, a query offset or packed sequences (", s.tokens,
+        " queries at offset ", spec.q_offset, " against ", s.kv_len(), " keys",
+        IsPacked(spec) ? ", packed" : "", "); run it on one device"));
+  }
   const DataParallelSplit split = SplitDataParallel(spec, s, devices);
   ATTN_ASSIGN_OR_RETURN(HostTensor o, HostTensor::Create(q.dtype(), q.dims(), tracker));
   ATTN_ASSIGN_OR_RETURN(HostTensor lse,

@@ -49,6 +49,26 @@ TEST(DataParallelTest, MatchesSingleDevice) {
   }
 }
 
+// Shares copy the same token rows of q, k and v: requests that are not square are refused.
+TEST(DataParallelTest, NonSquareRequestsAreUnimplemented) {
+  DeviceAttentionFn cpu = [](int, const AttentionSpec& spec, const HostTensor& q,
+                             const HostTensor& k,
+                             const HostTensor& v) { return CpuAttention(spec, q, k, v); };
+  testing::QkvInputs in = MakeRandomInputs(AttentionShape{2, 16, 4, 2, 8}, DType::kF32, 1);
+  testing::QkvInputs longer = MakeRandomInputs(AttentionShape{2, 40, 4, 2, 8}, DType::kF32, 2);
+  auto dp = DataParallelAttention(AttentionSpec{}, in.q, longer.k, longer.v, 2, cpu);
+  EXPECT_EQ(dp.status().code(), absl::StatusCode::kUnimplemented) << dp.status();
+  AttentionSpec offset;
+  offset.q_offset = 16;
+  dp = DataParallelAttention(offset, in.q, in.k, in.v, 2, cpu);
+  EXPECT_EQ(dp.status().code(), absl::StatusCode::kUnimplemented) << dp.status();
+  const DataParallelSplit split = SplitDataParallel(AttentionSpec{}, AttentionShape{2, 16, 4, 2, 8}, 2);
+  EXPECT_EQ(GatherShare(split, split.per_device[0], in.q, longer.k, longer.v, nullptr, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 TEST(DataParallelTest, UnitsRespectGqaAndDilation) {
   const AttentionShape shape{3, 64, 8, 2, 16};
   DataParallelSplit plain = SplitDataParallel(AttentionSpec{}, shape, 4);

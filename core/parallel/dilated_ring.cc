@@ -93,6 +93,13 @@ absl::StatusOr<std::vector<DilatedRingJob>> PlanDilatedRing(const AttentionSpec&
                                                             const AttentionShape& shape, int ranks,
                                                             int32_t block_size) {
   ATTN_DCHECK_OK(ValidateSpec(spec, shape));  // validated where the request entered
+  // Jobs gather one position list for queries and keys alike.
+  if (!IsSquare(spec, shape)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "dilated ring: not yet for Nq != Nkv, a query offset or packed sequences (", shape.tokens,
+        " queries at offset ", spec.q_offset, " against ", shape.kv_len(), " keys",
+        IsPacked(spec) ? ", packed" : "", "); run it on one device"));
+  }
   const auto* dil = std::get_if<DilatedSpec>(&spec.pattern);
   if (dil == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -286,5 +286,18 @@ TEST(DilatedRingPlanTest, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Jobs gather one position list for queries and keys alike: other requests are refused.
+TEST(DilatedRingPlanTest, NonSquareRequestsAreUnimplemented) {
+  AttentionShape shape{1, 256, 2, 2, 32};
+  shape.kv_tokens = 300;
+  auto plan = PlanDilatedRing(Dilated({64}, {1}, true), shape, 2, kBlock);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented) << plan.status();
+  shape.kv_tokens = 0;
+  AttentionSpec offset = Dilated({64}, {1}, true);
+  offset.q_offset = 64;
+  EXPECT_EQ(PlanDilatedRing(offset, shape, 2, kBlock).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 }  // namespace
 }  // namespace attnserve

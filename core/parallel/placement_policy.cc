@@ -11,7 +11,8 @@
 namespace attnserve {
 namespace {
 
-// A request with tensors in a GPU's memory (DeviceIo) runs on that GPU only.
+// A request with tensors in a GPU's memory (DeviceIo) runs on that GPU only. So does one that is
+// not square (IsSquare: a query offset, Nq != Nkv, packed sequences), which no split handles yet.
 bool Eligible(const AttentionRequest& request, const DeviceLoad& load) {
   const int pinned = request.device_io.cuda_ordinal();
   return pinned < 0 || load.device->cuda_ordinal() == pinned;
@@ -57,7 +58,9 @@ class MultiDevicePlanner final : public PlacementPlanner {
  public:
   std::optional<PlacementDecision> Place(const AttentionRequest& request,
                                          absl::Span<const DeviceLoad> loads) override {
-    if (loads.size() <= 1 || request.device_io.any()) return single_.Place(request, loads);
+    if (loads.size() <= 1 || request.device_io.any() || !IsSquare(request.spec, request.shape)) {
+      return single_.Place(request, loads);
+    }
     absl::StatusOr<PlacementPlan> plan = Plan(request, loads);
     // A plan that fails now (free memory changed since Submit) or is single: one device.
     if (!plan.ok() || plan->placement == Placement::kSingle || plan->devices.size() < 2) {
@@ -75,7 +78,9 @@ class MultiDevicePlanner final : public PlacementPlanner {
 
   absl::Status Feasible(const AttentionRequest& request,
                         absl::Span<const DeviceLoad> loads) override {
-    if (loads.size() <= 1 || request.device_io.any()) return single_.Feasible(request, loads);
+    if (loads.size() <= 1 || request.device_io.any() || !IsSquare(request.spec, request.shape)) {
+      return single_.Feasible(request, loads);
+    }
     absl::StatusOr<PlacementPlan> plan = Plan(request, loads);
     if (plan.ok()) return absl::OkStatus();
     if (absl::IsResourceExhausted(plan.status())) {

@@ -124,6 +124,21 @@ absl::StatusOr<PlacementPlan> PlanPlacement(const PlannerInput& in) {
   };
   const int max_dp = static_cast<int>(std::min<int64_t>(devices, units));
 
+  // Data parallel shares copy the same token rows of q, k and v, and a ring cuts one sequence
+  // axis shared by queries and keys: a request that is not square runs on one device.
+  if (!IsSquare(in.spec, s)) {
+    if (in.hint == PlacementHint::kDataParallel || in.hint == PlacementHint::kRing) {
+      return absl::UnimplementedError(absl::StrCat(
+          "placement: ", in.hint == PlacementHint::kRing ? "ring" : "data_parallel",
+          " is not yet for Nq != Nkv, a query offset or packed sequences (", s.tokens,
+          " queries at offset ", in.spec.q_offset, " against ", s.kv_len(), " keys",
+          IsPacked(in.spec) ? ", packed" : "", "); use single"));
+    }
+    Attempt a = TrySingle(in, order);
+    if (!a.ok) return no_fit("single-device placement", a.best_need);
+    return finish(std::move(a), "not square (Nq != Nkv, a query offset or packed): one device");
+  }
+
   switch (in.hint) {
     case PlacementHint::kSingle: {
       Attempt a = TrySingle(in, order);

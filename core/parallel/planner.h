@@ -12,6 +12,8 @@
 //      heads too few to split) and each rank's shard fits;
 //   4. single, when it fits at all;
 //   5. RESOURCE_EXHAUSTED naming the bytes needed and the largest free.
+// A request that is not square (IsSquare: a query offset, Nq != Nkv, packed sequences) is single
+// or RESOURCE_EXHAUSTED; a data_parallel or ring hint for it is UNIMPLEMENTED.
 // A hint other than kAuto is honoured when feasible; otherwise INVALID_ARGUMENT (the split does not
 // exist: too few devices or units) or RESOURCE_EXHAUSTED (it exists but does not fit), naming why.
 #ifndef ATTNSERVE_CORE_PARALLEL_PLANNER_H_

@@ -121,6 +121,36 @@ TEST(PlannerTest, DilatedDataParallelUnitsKeepHeadOffsets) {
   EXPECT_EQ(plan->kv_heads_per_unit, 2);  // 2 KV heads x 4 query heads each = 8 = the rate
 }
 
+// Requests that are not square (keys of another length, a query offset, packed sequences) stay
+// on one device: no split handles them yet. This one would otherwise go data parallel.
+TEST(PlannerTest, NonSquareRequestsRunOnOneDevice) {
+  AttentionShape shape{4, 32768, 32, 8, 128};
+  shape.kv_tokens = 32769;
+  auto plan = PlanPlacement(Input(shape, std::vector<int64_t>(4, 80 * kGiB)));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->placement, Placement::kSingle);
+  EXPECT_EQ(plan->devices.size(), 1u);
+  EXPECT_NE(plan->reason.find("not square"), std::string::npos) << plan->reason;
+  // A square shape with an offset, and a packed one, alike.
+  PlannerInput offset = Input({4, 32768, 32, 8, 128}, std::vector<int64_t>(4, 80 * kGiB));
+  offset.spec.q_offset = 10;
+  ASSERT_TRUE(PlanPlacement(offset).ok());
+  EXPECT_EQ(PlanPlacement(offset)->placement, Placement::kSingle);
+  PlannerInput packed = Input({1, 32768, 32, 8, 128}, std::vector<int64_t>(4, 80 * kGiB));
+  packed.spec.cu_seqlens_q = {0, 16384, 32768};
+  packed.spec.cu_seqlens_k = {0, 16384, 32768};
+  EXPECT_EQ(PlanPlacement(packed)->placement, Placement::kSingle);
+  // Splits asked for by name are not there yet; one that fits nowhere is out of memory.
+  for (PlacementHint hint : {PlacementHint::kRing, PlacementHint::kDataParallel}) {
+    auto hinted = PlanPlacement(Input(shape, std::vector<int64_t>(4, 80 * kGiB), hint));
+    EXPECT_EQ(hinted.status().code(), absl::StatusCode::kUnimplemented) << hinted.status();
+    EXPECT_NE(hinted.status().message().find("Nq != Nkv"), std::string::npos);
+  }
+  shape.tokens = 4 << 20;
+  EXPECT_EQ(PlanPlacement(Input(shape, std::vector<int64_t>(8, 80 * kGiB))).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST(PlannerTest, RingBytesShrinkWithRanks) {
   PlannerInput in = Input({1, 1 << 20, 8, 8, 128}, {kGiB});
   EXPECT_GT(RingBytesPerRank(in, 2), RingBytesPerRank(in, 4));

@@ -79,6 +79,13 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
   ATTN_ASSIGN_OR_RETURN(run->shape_, AttentionShapeOf(q, k, v));
   ATTN_DCHECK_OK(ValidateSpec(spec, run->shape_));  // validated where the request entered
   const AttentionShape& s = run->shape_;
+  // Shards, schedules and merges all assume one sequence axis shared by queries and keys.
+  if (!IsSquare(spec, s)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "ring: not yet for Nq != Nkv, a query offset or packed sequences (", s.tokens,
+        " queries at offset ", spec.q_offset, " against ", s.kv_len(), " keys",
+        IsPacked(spec) ? ", packed" : "", "); run it on one device"));
+  }
   run->spec_ = spec;
   run->dtype_ = q.dtype();
   run->ranks_ = ranks;

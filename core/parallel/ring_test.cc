@@ -320,6 +320,24 @@ TEST(RingErrorsTest, CancelledAndExpiredRunsStop) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The ring shards one sequence axis shared by queries and keys: other requests are refused.
+TEST(RingErrorsTest, NonSquareRequestsAreUnimplemented) {
+  testing::QkvInputs in = MakeRandomInputs(AttentionShape{1, 64, 2, 2, 8}, DType::kF32, 1);
+  testing::QkvInputs longer = MakeRandomInputs(AttentionShape{1, 96, 2, 2, 8}, DType::kF32, 2);
+  auto r = RingAttentionInProcess(AttentionSpec{}, in.q, longer.k, longer.v, 2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  EXPECT_NE(r.status().message().find("Nq != Nkv"), std::string::npos) << r.status();
+  AttentionSpec offset;
+  offset.q_offset = 3;
+  r = RingAttentionInProcess(offset, in.q, in.k, in.v, 2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  AttentionSpec packed;
+  packed.cu_seqlens_q = {0, 30, 64};
+  packed.cu_seqlens_k = {0, 30, 64};
+  EXPECT_EQ(RingRun::Create(packed, in.q, in.k, in.v, 2).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 // A rank that never shows up makes its peers fail within the transfer timeout, not hang.
 TEST(RingErrorsTest, MissingRankTimesOut) {
   const AttentionShape shape{1, 48, 2, 2, 8};

@@ -34,26 +34,28 @@ std::vector<double> ToDouble(const HostTensor& t) {
   return out;
 }
 
-// One softmax over the keys `admits` accepts, for query row i of (b, h): writes O (D doubles)
-// and returns the LSE (-inf with O = 0 when no key is admitted).
+// One softmax over the keys `admits` accepts, for query row i of (b, h) against the key rows
+// [k_row, k_row + k_len): writes O (D doubles) and returns the LSE (-inf with O = 0 when no key is
+// admitted). `admits` takes the key's index within the range, which is its position.
 class RowAttention {
  public:
   RowAttention(const std::vector<double>& q, const std::vector<double>& k,
                const std::vector<double>& v, const AttentionShape& s, double scale)
-      : q_(q), k_(k), v_(v), s_(s), scale_(scale), scores_(s.tokens) {}
+      : q_(q), k_(k), v_(v), s_(s), scale_(scale), scores_(s.kv_len()) {}
 
   template <typename Admits>
-  double Run(int64_t b, int64_t h, int64_t i, Admits&& admits, double* o) {
-    const int64_t N = s_.tokens, D = s_.head_dim;
+  double Run(int64_t b, int64_t h, int64_t i, int64_t k_row, int64_t k_len, Admits&& admits,
+             double* o) {
+    const int64_t Nq = s_.tokens, Nkv = s_.kv_len(), D = s_.head_dim;
     const int64_t kvh = h / (s_.q_heads / s_.kv_heads);
-    const double* qi = &q_[Index4(b, i, h, 0, N, s_.q_heads, D)];
+    const double* qi = &q_[Index4(b, i, h, 0, Nq, s_.q_heads, D)];
     double max_score = kNegInf;
-    for (int64_t j = 0; j < N; ++j) {
+    for (int64_t j = 0; j < k_len; ++j) {
       if (!admits(j)) {
         scores_[j] = kNegInf;
         continue;
       }
-      const double* kj = &k_[Index4(b, j, kvh, 0, N, s_.kv_heads, D)];
+      const double* kj = &k_[Index4(b, k_row + j, kvh, 0, Nkv, s_.kv_heads, D)];
       double dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
       scores_[j] = dot * scale_;
@@ -62,11 +64,11 @@ class RowAttention {
     std::fill(o, o + D, 0.0);
     if (max_score == kNegInf) return kNegInf;
     double denom = 0;
-    for (int64_t j = 0; j < N; ++j) {
+    for (int64_t j = 0; j < k_len; ++j) {
       if (scores_[j] == kNegInf) continue;
       const double p = std::exp(scores_[j] - max_score);
       denom += p;
-      const double* vj = &v_[Index4(b, j, kvh, 0, N, s_.kv_heads, D)];
+      const double* vj = &v_[Index4(b, k_row + j, kvh, 0, Nkv, s_.kv_heads, D)];
       for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
     }
     for (int64_t d = 0; d < D; ++d) o[d] /= denom;
@@ -81,6 +83,26 @@ class RowAttention {
   double scale_;
   std::vector<double> scores_;
 };
+
+// One attention problem of the request, straight from DESIGN "The math": query rows
+// [q_row, q_row + q_len) at positions from q_pos, key rows [k_row, k_row + k_len) at positions
+// from 0. An unpacked request is one (for every batch element), a packed one one per sequence.
+struct Problem {
+  int64_t q_row, q_len, q_pos, k_row, k_len;
+  int64_t extent() const { return std::max(q_pos + q_len, k_len); }
+};
+
+std::vector<Problem> Problems(const AttentionSpec& spec, const AttentionShape& s) {
+  if (!IsPacked(spec)) return {{0, s.tokens, spec.q_offset, 0, s.kv_len()}};
+  std::vector<Problem> out;
+  const std::vector<int64_t>& cq = spec.cu_seqlens_q;
+  const std::vector<int64_t>& ck = spec.cu_seqlens_k;
+  for (size_t i = 0; i + 1 < cq.size(); ++i) {
+    const int64_t q_len = cq[i + 1] - cq[i], k_len = ck[i + 1] - ck[i];
+    out.push_back({cq[i], q_len, k_len - q_len, ck[i], k_len});
+  }
+  return out;
+}
 
 // Key blocks kept for query block i, as a bitmap over key blocks (O(nb) memory per row).
 std::vector<bool> KeptRow(const BlockSparseSpec& bs, int64_t nb, int64_t i) {
@@ -151,40 +173,44 @@ absl::StatusOr<ReferenceResult> ReferenceAttention(const AttentionSpec& spec, co
     return result.lse[(b * H + h) * N + i];
   };
   const bool causal = spec.causal;
+  const std::vector<Problem> problems = Problems(spec, s);
 
   if (const auto* dil = std::get_if<DilatedSpec>(&spec.pattern)) {
     std::vector<double> o_k(D);
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t h = 0; h < H; ++h) {
-        for (int64_t i = 0; i < N; ++i) {
-          // Branch results combine by their softmax denominators: L = log sum exp(LSE_k),
-          // O = sum exp(LSE_k - L) O_k. Collected first, then combined in float64.
-          std::vector<std::pair<double, std::vector<double>>> parts;
-          for (size_t br = 0; br < dil->segment_lengths.size(); ++br) {
-            const int64_t w = dil->segment_lengths[br], r = dil->dilation_rates[br];
-            const int64_t o = h % r;
-            if (!InDilatedSet(i, w, r, o)) continue;
-            const int64_t seg = i / w;
-            const double lse = row.Run(
-                b, h, i,
-                [&](int64_t j) {
-                  return j / w == seg && InDilatedSet(j, w, r, o) && (!causal || j <= i);
-                },
-                o_k.data());
-            if (lse != kNegInf) parts.emplace_back(lse, o_k);
+    for (const Problem& pr : problems) {
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t i = 0; i < pr.q_len; ++i) {
+            const int64_t p = pr.q_pos + i;
+            // Branch results combine by their softmax denominators: L = log sum exp(LSE_k),
+            // O = sum exp(LSE_k - L) O_k. Collected first, then combined in float64.
+            std::vector<std::pair<double, std::vector<double>>> parts;
+            for (size_t br = 0; br < dil->segment_lengths.size(); ++br) {
+              const int64_t w = dil->segment_lengths[br], r = dil->dilation_rates[br];
+              const int64_t o = h % r;
+              if (!InDilatedSet(p, w, r, o)) continue;
+              const int64_t seg = p / w;
+              const double lse = row.Run(
+                  b, h, pr.q_row + i, pr.k_row, pr.k_len,
+                  [&](int64_t j) {
+                    return j / w == seg && InDilatedSet(j, w, r, o) && (!causal || j <= p);
+                  },
+                  o_k.data());
+              if (lse != kNegInf) parts.emplace_back(lse, o_k);
+            }
+            if (parts.empty()) continue;  // O = 0, LSE = -inf
+            double m = kNegInf;
+            for (const auto& part : parts) m = std::max(m, part.first);
+            double sum = 0;
+            for (const auto& part : parts) sum += std::exp(part.first - m);
+            const double L = m + std::log(sum);
+            double* out = o_row(b, pr.q_row + i, h);
+            for (const auto& part : parts) {
+              const double wgt = std::exp(part.first - L);
+              for (int64_t d = 0; d < D; ++d) out[d] += wgt * part.second[d];
+            }
+            lse_at(b, h, pr.q_row + i) = L;
           }
-          if (parts.empty()) continue;  // O = 0, LSE = -inf
-          double m = kNegInf;
-          for (const auto& p : parts) m = std::max(m, p.first);
-          double sum = 0;
-          for (const auto& p : parts) sum += std::exp(p.first - m);
-          const double L = m + std::log(sum);
-          double* out = o_row(b, i, h);
-          for (const auto& p : parts) {
-            const double wgt = std::exp(p.first - L);
-            for (int64_t d = 0; d < D; ++d) out[d] += wgt * p.second[d];
-          }
-          lse_at(b, h, i) = L;
         }
       }
     }
@@ -192,33 +218,38 @@ absl::StatusOr<ReferenceResult> ReferenceAttention(const AttentionSpec& spec, co
   }
 
   // Non-dilated kinds: one softmax per row over the keys the token-level predicate admits.
-  std::function<bool(int64_t, int64_t)> admits;  // (query, key) without causal
-  std::vector<bool> kept_row;
-  int64_t kept_row_block = -1;
   const BlockSparseSpec* bs = std::get_if<BlockSparseSpec>(&spec.pattern);
   const int64_t block = bs ? bs->block_size : 1;
-  const int64_t nb = bs ? NumBlocks(N, block) : 0;
-  if (std::holds_alternative<DenseSpec>(spec.pattern)) {
-    admits = [](int64_t, int64_t) { return true; };
-  } else if (const auto* win = std::get_if<WindowSpec>(&spec.pattern)) {
-    const int64_t w = win->size;
-    admits = [w](int64_t i, int64_t j) { return std::abs(i - j) <= w; };
-  } else {
-    admits = [&](int64_t i, int64_t j) {
-      const int64_t qb = i / block;
-      if (qb != kept_row_block) {
-        kept_row = KeptRow(*bs, nb, qb);
-        kept_row_block = qb;
-      }
-      return static_cast<bool>(kept_row[j / block]);
-    };
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < N; ++i) {
-        lse_at(b, h, i) = row.Run(
-            b, h, i, [&](int64_t j) { return (!causal || j <= i) && admits(i, j); },
-            o_row(b, i, h));
+  for (const Problem& pr : problems) {
+    // Blocks are counted over the problem's extent (random's count depends on it).
+    const int64_t nb = bs ? NumBlocks(pr.extent(), block) : 0;
+    std::function<bool(int64_t, int64_t)> admits;  // (query position, key position), no causal
+    std::vector<bool> kept_row;
+    int64_t kept_row_block = -1;
+    if (std::holds_alternative<DenseSpec>(spec.pattern)) {
+      admits = [](int64_t, int64_t) { return true; };
+    } else if (const auto* win = std::get_if<WindowSpec>(&spec.pattern)) {
+      const int64_t w = win->size;
+      admits = [w](int64_t p, int64_t j) { return std::abs(p - j) <= w; };
+    } else {
+      admits = [&](int64_t p, int64_t j) {
+        const int64_t qb = p / block;
+        if (qb != kept_row_block) {
+          kept_row = KeptRow(*bs, nb, qb);
+          kept_row_block = qb;
+        }
+        return static_cast<bool>(kept_row[j / block]);
+      };
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < pr.q_len; ++i) {
+          const int64_t p = pr.q_pos + i;
+          lse_at(b, h, pr.q_row + i) = row.Run(
+              b, h, pr.q_row + i, pr.k_row, pr.k_len,
+              [&](int64_t j) { return (!causal || j <= p) && admits(p, j); },
+              o_row(b, pr.q_row + i, h));
+        }
       }
     }
   }

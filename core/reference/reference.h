@@ -12,11 +12,12 @@
 namespace attnserve {
 
 struct ReferenceResult {
-  std::vector<double> o;    // [B, N, Hq, D]
-  std::vector<double> lse;  // [B, Hq, N]; -inf for rows with no admissible key (their O is 0)
+  std::vector<double> o;    // [B, Nq, Hq, D]
+  std::vector<double> lse;  // [B, Hq, Nq]; -inf for rows with no admissible key (their O is 0)
 };
 
-// q: [B, N, Hq, D], k and v: [B, N, Hkv, D], any dtype (read exactly). Validates shape and spec.
+// q: [B, Nq, Hq, D], k and v: [B, Nkv, Hkv, D], any dtype (read exactly), with the spec's query
+// offset and packed sequences (DESIGN "The math"). Validates shape and spec.
 absl::StatusOr<ReferenceResult> ReferenceAttention(const AttentionSpec& spec, const HostTensor& q,
                                                    const HostTensor& k, const HostTensor& v);
 

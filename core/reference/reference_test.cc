@@ -264,7 +264,7 @@ TEST_F(ReferenceTest, RejectsBadShapesAndSpecs) {
   auto v = *HostTensor::Create(DType::kF32, {1, 16, 3, 8});
   auto r = ReferenceAttention(AttentionSpec{}, q, k, v);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-  auto k2 = *HostTensor::Create(DType::kF32, {1, 8, 2, 8});
+  auto k2 = *HostTensor::Create(DType::kF32, {2, 8, 2, 8});  // another batch
   r = ReferenceAttention(AttentionSpec{}, q, k2, k2);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   auto k3 = *HostTensor::Create(DType::kF32, {1, 16, 2, 8});

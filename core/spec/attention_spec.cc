@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -156,6 +157,61 @@ absl::Status ValidateGenerator(const BlockGenerator& generator, int64_t num_bloc
       generator);
 }
 
+// FlashAttention's varlen convention, checked in one O(sequences) pass per vector.
+absl::Status ValidatePacked(const AttentionSpec& spec, const AttentionShape& shape) {
+  constexpr absl::string_view kQ = "spec.cu_seqlens_q";
+  constexpr absl::string_view kK = "spec.cu_seqlens_k";
+  if (spec.q_offset != 0) {
+    return Invalid("spec.q_offset", absl::StrCat("must be 0 when packed (each sequence's queries ",
+                                                 "are bottom-right aligned), got ", spec.q_offset));
+  }
+  if (shape.batch != 1) {
+    return Invalid("shape.batch", absl::StrCat("must be 1 when packed (cu_seqlens), got ",
+                                               shape.batch));
+  }
+  const std::vector<int64_t>& cq = spec.cu_seqlens_q;
+  const std::vector<int64_t>& ck = spec.cu_seqlens_k;
+  if (cq.size() != ck.size()) {
+    return Invalid(kQ, absl::StrCat("has ", cq.size(), " entries but cu_seqlens_k has ", ck.size(),
+                                    " (one more than the number of sequences each)"));
+  }
+  if (cq.size() < 2) {
+    return Invalid(kQ, absl::StrCat("must have >= 2 entries (sequences + 1), got ", cq.size()));
+  }
+  if (static_cast<int64_t>(cq.size()) - 1 > kMaxPackedSequences) {
+    return Invalid(kQ, absl::StrCat(cq.size() - 1, " sequences exceed the maximum ",
+                                    kMaxPackedSequences));
+  }
+  for (const auto& [field, cu, total, total_name] :
+       {std::tuple<absl::string_view, const std::vector<int64_t>*, int64_t, const char*>{
+            kQ, &cq, shape.tokens, "shape.tokens (query rows)"},
+        {kK, &ck, shape.kv_len(), "kv_len (key rows)"}}) {
+    if ((*cu)[0] != 0) return Invalid(Indexed(field, 0), absl::StrCat("must be 0, got ", (*cu)[0]));
+    for (size_t i = 1; i < cu->size(); ++i) {
+      if ((*cu)[i] < (*cu)[i - 1]) {
+        return Invalid(Indexed(field, i),
+                       absl::StrCat((*cu)[i], " is less than entry ", i - 1, " = ", (*cu)[i - 1],
+                                    " (must be non-decreasing)"));
+      }
+    }
+    if (cu->back() != total) {
+      return Invalid(Indexed(field, cu->size() - 1),
+                     absl::StrCat(cu->back(), " must equal ", total_name, " = ", total));
+    }
+  }
+  for (size_t s = 0; s + 1 < cq.size(); ++s) {
+    const int64_t q_len = cq[s + 1] - cq[s];
+    const int64_t kv_len = ck[s + 1] - ck[s];
+    if (q_len > kv_len) {
+      return Invalid(Indexed(kQ, s + 1),
+                     absl::StrCat("sequence ", s, " has ", q_len, " queries but ", kv_len,
+                                  " keys; queries are bottom-right aligned (offset kv_len - ",
+                                  "q_len), so they must not outnumber the keys"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 float EffectiveScale(const AttentionSpec& spec, int64_t head_dim) {
@@ -188,6 +244,7 @@ std::string_view GeneratorName(const BlockGenerator& g) {
 absl::Status ValidateShape(const AttentionShape& shape) {
   ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.batch", shape.batch, 1));
   ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.tokens", shape.tokens, 1));
+  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.kv_tokens", shape.kv_tokens, 0));
   ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.q_heads", shape.q_heads, 1));
   ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.kv_heads", shape.kv_heads, 1));
   ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.head_dim", shape.head_dim, 1));
@@ -202,19 +259,44 @@ absl::Status ValidateShape(const AttentionShape& shape) {
   }
   // Every byte count downstream (elements * up to 8 bytes for the float64 reference) must fit in
   // int64, so the element count must stay below 2^63 / 8.
-  std::optional<int64_t> elems = CheckedMul(shape.batch, shape.tokens);
-  if (elems) elems = CheckedMul(*elems, shape.q_heads);
-  if (elems) elems = CheckedMul(*elems, shape.head_dim);
-  if (!elems || *elems > std::numeric_limits<int64_t>::max() / 8) {
-    return Invalid("shape", absl::StrCat("batch * tokens * q_heads * head_dim = ", shape.batch,
-                                         " * ", shape.tokens, " * ", shape.q_heads, " * ",
-                                         shape.head_dim, " overflows int64 byte counts"));
+  // K and V are counted too (kv_heads <= q_heads, but kv_len may exceed tokens), and so is
+  // tokens + kv_len, which bounds every position (q_offset <= kv_len).
+  for (const auto& [rows, heads, what] :
+       {std::tuple<int64_t, int64_t, const char*>{shape.tokens, shape.q_heads,
+                                                  "batch * tokens * q_heads * head_dim"},
+        {shape.kv_len(), shape.kv_heads, "batch * kv_tokens * kv_heads * head_dim"}}) {
+    std::optional<int64_t> elems = CheckedMul(shape.batch, rows);
+    if (elems) elems = CheckedMul(*elems, heads);
+    if (elems) elems = CheckedMul(*elems, shape.head_dim);
+    if (!elems || *elems > std::numeric_limits<int64_t>::max() / 8) {
+      return Invalid("shape", absl::StrCat(what, " = ", shape.batch, " * ", rows, " * ", heads,
+                                           " * ", shape.head_dim,
+                                           " overflows int64 byte counts"));
+    }
   }
   return absl::OkStatus();
 }
 
+bool IsSquare(const AttentionSpec& spec, const AttentionShape& shape) {
+  return shape.kv_len() == shape.tokens && spec.q_offset == 0 && !IsPacked(spec);
+}
+
+int64_t PatternExtent(const AttentionSpec& spec, const AttentionShape& shape) {
+  if (!IsPacked(spec)) return std::max(spec.q_offset + shape.tokens, shape.kv_len());
+  int64_t longest = 0;
+  for (size_t s = 0; s + 1 < spec.cu_seqlens_k.size(); ++s) {
+    longest = std::max(longest, spec.cu_seqlens_k[s + 1] - spec.cu_seqlens_k[s]);
+  }
+  return longest;
+}
+
 absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len) {
-  ATTN_RETURN_IF_ERROR(CheckAtLeast("shape.tokens", seq_len, 1));
+  return ValidateSpecForExtent(spec, seq_len, "shape.tokens");
+}
+
+absl::Status ValidateSpecForExtent(const AttentionSpec& spec, int64_t seq_len,
+                                   absl::string_view seq_len_field) {
+  ATTN_RETURN_IF_ERROR(CheckAtLeast(seq_len_field, seq_len, 1));
   if (!std::isfinite(spec.scale) || spec.scale < 0.f) {
     return Invalid(
         "spec.scale",
@@ -266,8 +348,8 @@ absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len) {
             // ceil(seq_len / block_size) without overflowing seq_len + block_size - 1.
             const int64_t nb = 1 + (seq_len - 1) / b.block_size;
             if (nb > std::numeric_limits<int32_t>::max()) {
-              return Invalid("shape.tokens", absl::StrCat(seq_len, " tokens make ", nb,
-                                                          " blocks; at most 2^31 - 1 supported"));
+              return Invalid(seq_len_field, absl::StrCat(seq_len, " tokens make ", nb,
+                                                         " blocks; at most 2^31 - 1 supported"));
             }
             return ValidateGenerator(b.generator, nb, seq_len, b.block_size);
           },
@@ -293,23 +375,41 @@ absl::StatusOr<AttentionShape> AttentionShapeOf(const HostTensor& q, const HostT
     return absl::InvalidArgumentError(absl::StrCat("v: dtype ", std::string(DTypeName(v.dtype())),
                                                    " does not match q's ", std::string(DTypeName(q.dtype()))));
   }
-  if (k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k: shape ", k.DebugString(), " does not match q's batch/tokens/head_dim ",
-                     q.DebugString()));
+  // K/V may hold a different number of tokens than q (decode, chunked prefill, packed batches).
+  if (k.dim(0) != q.dim(0) || k.dim(3) != q.dim(3)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k: shape ", k.DebugString(), " does not match q's batch/head_dim ", q.DebugString()));
   }
   if (v.dims() != k.dims()) {
     return absl::InvalidArgumentError(
         absl::StrCat("v: shape ", v.DebugString(), " does not match k's ", k.DebugString()));
   }
   AttentionShape shape{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  // Left 0 ("same as tokens") for square inputs, so their shapes read exactly as before.
+  if (k.dim(1) != q.dim(1)) {
+    ATTN_RETURN_IF_ERROR(CheckAtLeast("k: tokens (dim 1)", k.dim(1), 1));
+    shape.kv_tokens = k.dim(1);
+  }
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
   return shape;
 }
 
 absl::Status ValidateSpec(const AttentionSpec& spec, const AttentionShape& shape) {
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  return ValidateSpecForSeqLen(spec, shape.tokens);
+  const int64_t nkv = shape.kv_len();
+  if (spec.q_offset < 0 || spec.q_offset > nkv) {
+    return Invalid("spec.q_offset",
+                   absl::StrCat("must be in [0, kv_len = ", nkv, "] (queries start within or ",
+                                "right after the keys), got ", spec.q_offset));
+  }
+  if (IsPacked(spec)) {
+    ATTN_RETURN_IF_ERROR(ValidatePacked(spec, shape));
+    return ValidateSpecForExtent(spec, PatternExtent(spec, shape),
+                                 "the longest packed sequence's kv length");
+  }
+  return ValidateSpecForExtent(
+      spec, PatternExtent(spec, shape),
+      IsSquare(spec, shape) ? "shape.tokens" : "max(spec.q_offset + shape.tokens, kv_len)");
 }
 
 // Algorithm (normative; reproduce it exactly to reproduce the layout without reading the CSR):

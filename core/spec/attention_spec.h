@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/tensor/tensor.h"
 
 namespace attnserve {
@@ -65,7 +66,30 @@ struct AttentionSpec {
   bool causal = false;
   // Softmax scale; 0 means 1 / sqrt(head_dim).
   float scale = 0.f;
+  // Position of query row 0: query row i sits at q_offset + i, key row j at j, and every rule
+  // (causal, window, blocks, segments) compares positions. 0 <= q_offset <= kv_len; 0 when packed.
+  int64_t q_offset = 0;
+  // Packed sequences (FlashAttention's varlen cu_seqlens), both empty when not packed: batch 1,
+  // sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and key rows
+  // [cu_seqlens_k[s], cu_seqlens_k[s + 1]) and is its own attention problem, its queries
+  // bottom-right aligned (query offset kv_len_s - q_len_s).
+  // (The empty initialisers keep brace-initialised specs free of missing-initializer warnings.)
+  std::vector<int64_t> cu_seqlens_q = {};
+  std::vector<int64_t> cu_seqlens_k = {};
 };
+
+inline bool IsPacked(const AttentionSpec& spec) {
+  return !spec.cu_seqlens_q.empty() || !spec.cu_seqlens_k.empty();
+}
+
+// True for the one-length case every backend runs: kv_len() == tokens, q_offset == 0, not packed.
+// Code that handles only that case refuses the others with this.
+bool IsSquare(const AttentionSpec& spec, const AttentionShape& shape);
+
+// The length whose blocks a block_sparse generator sees (nb = NumBlocks(extent, block_size)):
+// max(q_offset + tokens, kv_len()); packed, the longest sequence's key count (each sequence uses
+// its own, no longer, extent). Valid for a validated (spec, shape).
+int64_t PatternExtent(const AttentionSpec& spec, const AttentionShape& shape);
 
 // The scale actually applied.
 float EffectiveScale(const AttentionSpec& spec, int64_t head_dim);
@@ -81,25 +105,33 @@ inline constexpr int64_t kMaxHeadDim = 256;
 // Each dilated branch costs O(tokens) of gather plan and a full attention pass, so the branch
 // count is bounded to keep a request's memory and work proportional to its size.
 inline constexpr int64_t kMaxDilatedBranches = 64;
+// Packed sequences per request: validation and per-sequence plans stay O(sequences).
+inline constexpr int64_t kMaxPackedSequences = int64_t{1} << 20;
 
-// Checks the shape on its own: every dim >= 1, q_heads a multiple of kv_heads, head_dim <=
-// kMaxHeadDim. INVALID_ARGUMENT naming the field ("shape.q_heads") and the rule.
+// Checks the shape on its own: every dim >= 1 (kv_tokens >= 0), q_heads a multiple of kv_heads,
+// head_dim <= kMaxHeadDim. INVALID_ARGUMENT naming the field ("shape.q_heads") and the rule.
 absl::Status ValidateShape(const AttentionShape& shape);
 
-// The shape of q [B, N, Hq, D], k and v [B, N, Hkv, D]: rank 4 each, one dtype, k and v alike
-// and matching q's batch, tokens and head dim; then ValidateShape. INVALID_ARGUMENT names the
-// tensor ("k: shape [1, 128, 4, 64] f32 does not match q's batch/tokens/head_dim ...").
+// The shape of q [B, Nq, Hq, D], k and v [B, Nkv, Hkv, D]: rank 4 each, one dtype, k and v alike
+// and matching q's batch and head dim; kv_tokens is set when Nkv != Nq. Then ValidateShape.
+// INVALID_ARGUMENT names the tensor ("k: shape [1, 128, 4, 64] f32 does not match q's
+// batch/head_dim ...").
 absl::StatusOr<AttentionShape> AttentionShapeOf(const HostTensor& q, const HostTensor& k,
                                                 const HostTensor& v);
 
-// Checks the spec against the shape. Returns INVALID_ARGUMENT whose message names the field in
-// the proto's spelling (e.g. "spec.dilated.dilation_rates[1]") and the rule it breaks.
+// Checks the spec against the shape (q_offset and the packed sequences included). Returns
+// INVALID_ARGUMENT whose message names the field in the proto's spelling (e.g.
+// "spec.dilated.dilation_rates[1]", "spec.cu_seqlens_q[3]") and the rule it breaks.
 absl::Status ValidateSpec(const AttentionSpec& spec, const AttentionShape& shape);
 
 // The part of ValidateSpec that depends only on the sequence length (everything but the shape
 // itself): the pattern compiler re-runs it, so a spec that skipped validation cannot make it
 // divide by zero, index out of range or loop forever. Errors name "shape.tokens" for seq_len.
 absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len);
+// The same over `extent` positions (PatternExtent), with errors about the length naming
+// `extent_field` instead.
+absl::Status ValidateSpecForExtent(const AttentionSpec& spec, int64_t extent,
+                                   absl::string_view extent_field);
 
 // Number of blocks covering n tokens with block size b (the last may be short).
 inline int64_t NumBlocks(int64_t n, int64_t b) { return (n + b - 1) / b; }

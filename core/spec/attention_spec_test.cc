@@ -52,6 +52,82 @@ struct InvalidCase {
   std::string message;  // when non-empty, the whole message
 };
 
+// Queries against keys of another length, offsets, packed sequences.
+void AddNonSquareCases(std::vector<InvalidCase>& cases) {
+  auto add = [&](std::string name, AttentionSpec spec, AttentionShape shape, std::string field,
+                 std::string message = "") {
+    cases.push_back(
+        {std::move(name), std::move(spec), shape, std::move(field), std::move(message)});
+  };
+  const AttentionSpec dense = Spec(DenseSpec{});
+  AttentionShape rect = kShape;
+  rect.kv_tokens = 1500;
+  add("kv_tokens_negative", dense, AttentionShape{1, 1000, 8, 8, 64, -1}, "shape.kv_tokens");
+  add("kv_elements_overflow", dense, AttentionShape{1, 10, 1, 1, 256, int64_t{1} << 58},
+      "shape: batch * kv_tokens * kv_heads * head_dim");
+  AttentionSpec offset = dense;
+  offset.q_offset = -1;
+  add("q_offset_negative", offset, rect, "spec.q_offset",
+      "spec.q_offset: must be in [0, kv_len = 1500] (queries start within or right after the "
+      "keys), got -1");
+  offset.q_offset = 1501;
+  add("q_offset_past_the_keys", offset, rect, "spec.q_offset");
+  offset.q_offset = 1001;
+  add("q_offset_square_past_the_keys", offset, kShape, "spec.q_offset");
+  // Offset 1000 + 1000 tokens: 16 blocks of 128, so the csr needs 17 row pointers, not 9.
+  AttentionSpec csr = Sparse(Diagonal(8));
+  csr.q_offset = 1000;
+  add("csr_rows_for_the_extent", csr, rect, "spec.block_sparse.csr.row_ptr",
+      "spec.block_sparse.csr.row_ptr: has 9 entries, expected num_blocks + 1 = 17 (2000 tokens "
+      "at block_size 128)");
+  auto packed = [&](std::vector<int64_t> cq, std::vector<int64_t> ck) {
+    AttentionSpec spec = dense;
+    spec.cu_seqlens_q = std::move(cq);
+    spec.cu_seqlens_k = std::move(ck);
+    return spec;
+  };
+  AttentionSpec packed_offset = packed({0, 1000}, {0, 1500});
+  packed_offset.q_offset = 500;
+  add("packed_with_offset", packed_offset, rect, "spec.q_offset",
+      "spec.q_offset: must be 0 when packed (each sequence's queries are bottom-right aligned), "
+      "got 500");
+  add("packed_batch_two", packed({0, 1000}, {0, 1500}), AttentionShape{2, 1000, 8, 8, 64, 1500},
+      "shape.batch");
+  add("packed_sizes_differ", packed({0, 500, 1000}, {0, 1500}), rect, "spec.cu_seqlens_q",
+      "spec.cu_seqlens_q: has 3 entries but cu_seqlens_k has 2 (one more than the number of "
+      "sequences each)");
+  add("packed_k_only", packed({}, {0, 1500}), rect, "spec.cu_seqlens_q");
+  add("packed_one_entry", packed({1000}, {1500}), rect, "spec.cu_seqlens_q");
+  add("packed_q_start", packed({1, 1000}, {0, 1500}), rect, "spec.cu_seqlens_q[0]",
+      "spec.cu_seqlens_q[0]: must be 0, got 1");
+  add("packed_k_decreasing", packed({0, 0, 10, 1000}, {0, 700, 600, 1500}), rect,
+      "spec.cu_seqlens_k[2]",
+      "spec.cu_seqlens_k[2]: 600 is less than entry 1 = 700 (must be non-decreasing)");
+  add("packed_q_end", packed({0, 10, 20, 999}, {0, 10, 20, 1500}), rect, "spec.cu_seqlens_q[3]",
+      "spec.cu_seqlens_q[3]: 999 must equal shape.tokens (query rows) = 1000");
+  add("packed_k_end", packed({0, 10, 20, 1000}, {0, 10, 20, 1499}), rect, "spec.cu_seqlens_k[3]",
+      "spec.cu_seqlens_k[3]: 1499 must equal kv_len (key rows) = 1500");
+  add("packed_more_queries_than_keys", packed({0, 10, 30, 1000}, {0, 10, 29, 1500}), rect,
+      "spec.cu_seqlens_q[2]",
+      "spec.cu_seqlens_q[2]: sequence 1 has 20 queries but 19 keys; queries are bottom-right "
+      "aligned (offset kv_len - q_len), so they must not outnumber the keys");
+  {
+    std::vector<int64_t> cu(kMaxPackedSequences + 2, 1000);
+    cu[0] = 0;
+    std::vector<int64_t> ck(kMaxPackedSequences + 2, 1500);
+    ck[0] = 0;
+    add("packed_too_many_sequences", packed(cu, ck), rect, "spec.cu_seqlens_q");
+  }
+  // The longest sequence has 600 keys: 5 blocks of 128, so 6 row pointers, not 9.
+  AttentionSpec packed_csr = Sparse(Diagonal(8));
+  packed_csr.cu_seqlens_q = {0, 400, 1000};
+  packed_csr.cu_seqlens_k = {0, 600, 1200};
+  add("packed_csr_rows_for_the_longest_sequence", packed_csr,
+      AttentionShape{1, 1000, 8, 8, 64, 1200}, "spec.block_sparse.csr.row_ptr",
+      "spec.block_sparse.csr.row_ptr: has 9 entries, expected num_blocks + 1 = 6 (600 tokens at "
+      "block_size 128)");
+}
+
 std::vector<InvalidCase> InvalidCases() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -186,6 +262,8 @@ std::vector<InvalidCase> InvalidCases() {
     add("csr_row_duplicate", Sparse(g), kShape, "spec.block_sparse.csr.col_idx[2]",
         "spec.block_sparse.csr.col_idx[2]: duplicate column 4 in row 1");
   }
+
+  AddNonSquareCases(cases);
   return cases;
 }
 
@@ -242,6 +320,48 @@ TEST(ValidateSpecTest, AcceptsValidSpecs) {
     EXPECT_TRUE(ValidateSpec(valid[i], kShape).ok())
         << "case " << i << ": " << ValidateSpec(valid[i], kShape);
   }
+}
+
+TEST(ValidateSpecTest, AcceptsOffsetsAndPackedSequences) {
+  const AttentionShape decode{2, 1, 8, 2, 64, 4097};
+  AttentionSpec spec = Spec(WindowSpec{100}, true);
+  spec.q_offset = 4096;
+  EXPECT_TRUE(ValidateSpec(spec, decode).ok()) << ValidateSpec(spec, decode);
+  spec.q_offset = 4097;  // right after the last key
+  EXPECT_TRUE(ValidateSpec(spec, decode).ok()) << ValidateSpec(spec, decode);
+  // More queries than keys from offset 0, and a csr over the extent max(0 + 1000, 300).
+  AttentionSpec csr = Sparse(Diagonal(8));
+  EXPECT_TRUE(ValidateSpec(csr, AttentionShape{1, 1000, 8, 8, 64, 300}).ok());
+  // Packed: an empty sequence, one with keys only, decode, square; the csr covers 1000 keys.
+  csr.cu_seqlens_q = {0, 0, 0, 1, 999};
+  csr.cu_seqlens_k = {0, 0, 30, 1030, 2030};
+  const AttentionShape packed{1, 999, 8, 8, 64, 2030};
+  EXPECT_TRUE(ValidateSpec(csr, packed).ok()) << ValidateSpec(csr, packed);
+}
+
+TEST(ValidateSpecTest, IsSquareAndPatternExtent) {
+  AttentionSpec spec;
+  EXPECT_TRUE(IsSquare(spec, kShape));
+  EXPECT_EQ(PatternExtent(spec, kShape), 1000);
+  AttentionShape same = kShape;
+  same.kv_tokens = 1000;  // set but equal: still square
+  EXPECT_TRUE(IsSquare(spec, same));
+  AttentionShape longer = kShape;
+  longer.kv_tokens = 1200;
+  EXPECT_EQ(longer.kv_len(), 1200);
+  EXPECT_FALSE(IsSquare(spec, longer));
+  EXPECT_EQ(PatternExtent(spec, longer), 1200);
+  spec.q_offset = 700;
+  EXPECT_FALSE(IsSquare(spec, same));
+  EXPECT_EQ(PatternExtent(spec, longer), 1700);
+  spec.q_offset = 0;
+  spec.cu_seqlens_q = {0, 1000};
+  spec.cu_seqlens_k = {0, 1000};
+  EXPECT_TRUE(IsPacked(spec));
+  EXPECT_FALSE(IsSquare(spec, kShape));  // packed, even as one square sequence
+  spec.cu_seqlens_q = {0, 400, 1000};
+  spec.cu_seqlens_k = {0, 700, 1200};
+  EXPECT_EQ(PatternExtent(spec, longer), 700);
 }
 
 TEST(EffectiveScaleTest, DefaultAndExplicit) {

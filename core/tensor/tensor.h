@@ -32,13 +32,18 @@ class MemoryTracker {
   std::atomic<int64_t> peak_{0};
 };
 
-// [B, N, H, D] in the names used throughout: batch, tokens, heads, head dim.
+// [B, N, H, D] in the names used throughout: batch, tokens, heads, head dim. `tokens` counts the
+// QUERY rows per sequence (Nq); K and V have kv_len() rows per sequence (Nkv), which differs only
+// when kv_tokens is set (decode, chunked prefill: docs/DESIGN.md "The math").
 struct AttentionShape {
   int64_t batch = 0;
   int64_t tokens = 0;
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
+  int64_t kv_tokens = 0;  // keys per sequence; 0: the same as tokens
+
+  int64_t kv_len() const { return kv_tokens > 0 ? kv_tokens : tokens; }
 };
 
 // Alignment of every HostTensor buffer: a cache line, and the widest SIMD load (AVX-512).

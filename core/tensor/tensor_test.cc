@@ -21,6 +21,16 @@ constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 bool IsAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kHostTensorAlignment == 0; }
 
+// Keys default to the query count; kv_tokens sets another (decode, chunked prefill).
+TEST(AttentionShapeTest, KvLenDefaultsToTokens) {
+  AttentionShape s{2, 128, 8, 2, 64};
+  EXPECT_EQ(s.kv_tokens, 0);
+  EXPECT_EQ(s.kv_len(), 128);
+  s.kv_tokens = 4097;
+  EXPECT_EQ(s.kv_len(), 4097);
+  EXPECT_EQ(s.tokens, 128);
+}
+
 TEST(HostTensorTest, CreateSetsShapeAndSize) {
   auto t = HostTensor::Create(DType::kBF16, {1, 8192, 16, 128});
   ASSERT_TRUE(t.ok()) << t.status();

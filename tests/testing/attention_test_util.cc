@@ -22,8 +22,8 @@ uint64_t FreshSeed() {
 QkvInputs MakeRandomInputs(const AttentionShape& s, DType dtype, uint64_t seed) {
   QkvInputs in;
   in.q = *HostTensor::Create(dtype, {s.batch, s.tokens, s.q_heads, s.head_dim});
-  in.k = *HostTensor::Create(dtype, {s.batch, s.tokens, s.kv_heads, s.head_dim});
-  in.v = *HostTensor::Create(dtype, {s.batch, s.tokens, s.kv_heads, s.head_dim});
+  in.k = *HostTensor::Create(dtype, {s.batch, s.kv_len(), s.kv_heads, s.head_dim});
+  in.v = *HostTensor::Create(dtype, {s.batch, s.kv_len(), s.kv_heads, s.head_dim});
   // Distinct streams per tensor; q and k span [-2, 2) so the softmax is far from uniform.
   FillUniform(in.q, seed * 3 + 1, -2.f, 2.f);
   FillUniform(in.k, seed * 3 + 2, -2.f, 2.f);
