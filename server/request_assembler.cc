@@ -114,12 +114,15 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
         absl::StrCat("header.response_chunk_bytes: must be in [0, ", options_.max_chunk_bytes,
                      "] (0: the server's default), got ", header.response_chunk_bytes()));
   }
-  if ((header.kv_tokens() != 0 && header.kv_tokens() != header.tokens()) ||
-      header.has_q_offset() || header.cu_seqlens_q_size() > 0 || header.cu_seqlens_k_size() > 0 ||
-      !header.context().empty()) {
-    return absl::UnimplementedError(
-        "header.kv_tokens, q_offset, cu_seqlens_q/k and context: not served by this build yet");
+  if (header.kv_tokens() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header.kv_tokens: must be >= 0 (0: the same as tokens), got ", header.kv_tokens()));
   }
+  if (!header.context().empty()) ATTN_RETURN_IF_ERROR(ResolveContext(header, dtype));
+  // Key rows per sequence: the context's, the header's, or the query's.
+  const int64_t kv_len = context_          ? context_->tokens
+                         : header.kv_tokens() > 0 ? header.kv_tokens()
+                                                  : header.tokens();
   if (header.placement() != v1::PLACEMENT_AUTO && !v1::Placement_IsValid(header.placement())) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.placement: unknown value ", static_cast<int>(header.placement())));
@@ -128,27 +131,42 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   // Sizes before anything else touches the shape: saturating, so 10^12 tokens cannot wrap.
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
   const int64_t rows = SatMul(header.batch(), header.tokens());
+  const int64_t kv_rows = SatMul(header.batch(), kv_len);
   const int64_t q_bytes = SatMul(SatMul(SatMul(rows, header.q_heads()), header.head_dim()), elem);
-  const int64_t kv_bytes = SatMul(SatMul(SatMul(rows, header.kv_heads()), header.head_dim()), elem);
+  const int64_t kv_bytes =
+      SatMul(SatMul(SatMul(kv_rows, header.kv_heads()), header.head_dim()), elem);
   const int64_t total = SatAdd(q_bytes, SatAdd(kv_bytes, kv_bytes));
-  if (total > options_.max_request_bytes) {
+  // A context's K and V are not uploaded: the limit is on what the request brings.
+  const int64_t brought = context_ ? q_bytes : total;
+  if (brought > options_.max_request_bytes) {
     const bool saturated = total == std::numeric_limits<int64_t>::max();
     return absl::ResourceExhaustedError(absl::StrCat(
         "header.tokens: q ",
         ShapeString(header.batch(), header.tokens(), header.q_heads(), header.head_dim(), dtype),
         " and k, v ",
-        ShapeString(header.batch(), header.tokens(), header.kv_heads(), header.head_dim(), dtype),
+        ShapeString(header.batch(), kv_len, header.kv_heads(), header.head_dim(), dtype),
         " need ", saturated ? "more than 2^63 " : absl::StrCat(total, " "),
         "bytes, above the limit --max-request-bytes=", options_.max_request_bytes));
   }
 
-  const AttentionShape shape = ShapeFromHeader(header);
+  AttentionShape shape = ShapeFromHeader(header);
+  if (kv_len != shape.tokens) shape.kv_tokens = kv_len;
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
   ATTN_ASSIGN_OR_RETURN(AttentionSpec spec, SpecFromProto(header.spec()));
+  // A context attend aligns the last query with the context's last row unless told otherwise.
+  spec.q_offset = header.has_q_offset() ? header.q_offset()
+                  : context_           ? std::max<int64_t>(0, kv_len - shape.tokens)
+                                       : 0;
+  spec.cu_seqlens_q.assign(header.cu_seqlens_q().begin(), header.cu_seqlens_q().end());
+  spec.cu_seqlens_k.assign(header.cu_seqlens_k().begin(), header.cu_seqlens_k().end());
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
 
   std::array<HostTensor, 3> tensors;
   std::array<bool, 3> from_region{};
+  if (context_) {
+    ATTN_RETURN_IF_ERROR(ContextTensors(shape, &tensors));
+    from_region[1] = from_region[2] = true;  // received: the context supplies them
+  }
   ATTN_RETURN_IF_ERROR(ResolveTensors(header, shape, dtype, &tensors, &from_region));
   ATTN_RETURN_IF_ERROR(ResolveOutputs(header, shape, dtype));
 
@@ -176,10 +194,12 @@ absl::Status RequestAssembler::ResolveTensors(const v1::AttendHeader& header,
                                               std::array<HostTensor, 3>* tensors,
                                               std::array<bool, 3>* from_region) {
   const std::vector<int64_t> dims_q = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
-  const std::vector<int64_t> dims_kv = {shape.batch, shape.tokens, shape.kv_heads, shape.head_dim};
+  const std::vector<int64_t> dims_kv = {shape.batch, shape.kv_len(), shape.kv_heads,
+                                        shape.head_dim};
   const bool has_ref[3] = {header.has_q_region(), header.has_k_region(), header.has_v_region()};
   const v1::RegionRef* refs[3] = {&header.q_region(), &header.k_region(), &header.v_region()};
   for (int i = 0; i < 3; ++i) {
+    if ((*from_region)[i]) continue;  // the context's K / V
     const std::vector<int64_t>& dims = i == 0 ? dims_q : dims_kv;
     if (has_ref[i]) {
       const int64_t bytes = SatMul(SatMul(SatMul(SatMul(dims[0], dims[1]), dims[2]), dims[3]),
@@ -370,6 +390,82 @@ absl::Status RequestAssembler::Complete() const {
                                                      received_[i].covered_bytes(), " of ",
                                                      tensor_bytes_[i], " bytes"));
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve
+
+namespace attnserve {
+
+absl::Status RequestAssembler::ResolveContext(const v1::AttendHeader& header, DType dtype) {
+  if (options_.contexts == nullptr) {
+    return absl::FailedPreconditionError("header.context: this server keeps no contexts");
+  }
+  if (header.has_k_region() || header.has_v_region()) {
+    return absl::InvalidArgumentError(
+        "header.k_region / v_region: not allowed with header.context (the context supplies K and "
+        "V)");
+  }
+  absl::StatusOr<ContextView> view =
+      options_.contexts->Acquire(options_.region_owner, header.context());
+  if (!view.ok()) {
+    return absl::Status(view.status().code(),
+                        absl::StrCat("header.context: ", view.status().message()));
+  }
+  const auto mismatch = [&](absl::string_view field, const std::string& got,
+                            const std::string& theirs) {
+    return absl::InvalidArgumentError(absl::StrCat("header.", field, ": ", got, ", but context '",
+                                                   header.context(), "' has ", theirs));
+  };
+  if (header.batch() != 1) {
+    return mismatch("batch", absl::StrCat(header.batch()), "one sequence (batch must be 1)");
+  }
+  if (dtype != view->dtype) {
+    return mismatch("dtype", std::string(DTypeName(dtype)), std::string(DTypeName(view->dtype)));
+  }
+  if (header.kv_heads() != view->kv_heads) {
+    return mismatch("kv_heads", absl::StrCat(header.kv_heads()), absl::StrCat(view->kv_heads));
+  }
+  if (header.head_dim() != view->head_dim) {
+    return mismatch("head_dim", absl::StrCat(header.head_dim()), absl::StrCat(view->head_dim));
+  }
+  if (header.kv_tokens() != 0 && header.kv_tokens() != view->tokens) {
+    return mismatch("kv_tokens", absl::StrCat(header.kv_tokens()),
+                    absl::StrCat(view->tokens, " rows (send 0 to use them all)"));
+  }
+  if (view->tokens == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("header.context: context '", header.context(), "' has no rows yet"));
+  }
+  context_ = *std::move(view);
+  return absl::OkStatus();
+}
+
+absl::Status RequestAssembler::ContextTensors(const AttentionShape& shape,
+                                              std::array<HostTensor, 3>* tensors) {
+  const ContextView& c = *context_;
+  const std::vector<int64_t> dims = {1, shape.kv_len(), shape.kv_heads, shape.head_dim};
+  const size_t bytes = static_cast<size_t>(shape.kv_len() * shape.kv_heads * shape.head_dim) *
+                       DTypeSize(c.dtype);
+  std::byte* data[2] = {c.k_data, c.v_data};
+  if (!c.on_device) {
+    for (int i = 0; i < 2; ++i) {
+      ATTN_ASSIGN_OR_RETURN((*tensors)[i + 1],
+                            HostTensor::Wrap(c.dtype, dims, data[i], bytes, c.hold));
+    }
+    return absl::OkStatus();
+  }
+  // On a GPU: read in place, so the request runs on the context's GPU (and a region on another
+  // GPU named by the same request is copied).
+  in_place_ordinal_ = c.cuda_ordinal;
+  DeviceTensorView* slots[2] = {&device_io_.k, &device_io_.v};
+  for (int i = 0; i < 2; ++i) {
+    slots[i]->data = data[i];
+    slots[i]->cuda_ordinal = c.cuda_ordinal;
+    slots[i]->dtype = c.dtype;
+    slots[i]->dims = dims;
+    slots[i]->owner = c.hold;
   }
   return absl::OkStatus();
 }

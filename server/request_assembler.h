@@ -17,6 +17,7 @@
 #include "core/engine/types.h"
 #include "core/spec/attention_spec.h"
 #include "core/tensor/tensor.h"
+#include "server/contexts/context_store.h"
 #include "server/regions/region_refs.h"
 
 namespace attnserve {
@@ -41,6 +42,9 @@ struct AssemblerOptions {
   // place (DeviceTensorViews in device_io(); the request then runs on that GPU). Regions on other
   // GPUs, and every region when this is empty, are copied through host memory.
   std::vector<int> in_place_cuda_ordinals;
+  // Contexts named by AttendHeader.context (K and V read where the context keeps them). Not
+  // owned; null: such headers are refused (FAILED_PRECONDITION). The owner is region_owner.
+  ContextStore* contexts = nullptr;
 };
 
 // Byte ranges [start, end) received so far for one tensor, merged as they touch. Insert is
@@ -117,6 +121,11 @@ class RequestAssembler {
                               std::array<bool, 3>* from_region);
   absl::Status ResolveOutputs(const v1::AttendHeader& header, const AttentionShape& shape,
                               DType dtype);
+  // header.context: a view of the context (kept in context_) after checking the header against
+  // it (batch 1, dtype, kv_heads, head_dim, no k/v refs, kv_tokens 0 or its length).
+  absl::Status ResolveContext(const v1::AttendHeader& header, DType dtype);
+  // K and V of the context as the request's tensors: host views, or device views in device_io_.
+  absl::Status ContextTensors(const AttentionShape& shape, std::array<HostTensor, 3>* tensors);
   // A view of `slice` for a run to read or write in place, when its region is device memory on
   // a GPU in options_.in_place_cuda_ordinals (and on the GPU of any earlier view); else empty.
   DeviceTensorView InPlaceView(const RegionSlice& slice, DType dtype,
@@ -138,6 +147,7 @@ class RequestAssembler {
   // Set by the header: in-place views, the GPU they are on (-1: none), and whether every output
   // slice is written directly by the run (host-mapped, or a view in device_io_).
   DeviceIo device_io_;
+  std::optional<ContextView> context_;
   int in_place_ordinal_ = -1;
   bool outputs_direct_ = false;
   int64_t received_bytes_ = 0;

@@ -236,3 +236,55 @@ TEST(RequestAssemblerTest, RegionRefsSupplyTensors) {
 
 }  // namespace
 }  // namespace attnserve
+
+namespace attnserve {
+namespace {
+
+// Keys of another length: K and V are sized by kv_tokens, the offset and packing reach the spec,
+// and their rules are checked where the header arrives.
+TEST(RequestAssemblerTest, KeysOfAnotherLengthAndOffsets) {
+  RequestAssembler a({});
+  v1::AttendHeader h = Header(1, 4, 2, 1, 8);  // bf16: q 4 rows x 2 heads x 8 = 128 bytes
+  h.set_kv_tokens(100);
+  h.set_q_offset(96);
+  h.mutable_spec()->set_causal(true);
+  ASSERT_TRUE(a.AddHeader(h).ok());
+  EXPECT_EQ(a.shape().kv_len(), 100);
+  EXPECT_EQ(a.spec().q_offset, 96);
+  EXPECT_EQ(a.total_bytes(), 128 + 2 * 100 * 8 * 2);
+  EXPECT_THAT(a.Add([] {
+                v1::AttendRequest r;
+                *r.mutable_chunk() = Chunk(v1::TENSOR_K, 0, 100 * 8 * 2 + 1);
+                return r;
+              }())
+                  .message(),
+              HasSubstr("past the end"));
+
+  RequestAssembler b({});
+  h.set_q_offset(101);  // past the keys
+  EXPECT_THAT(b.AddHeader(h).message(), HasSubstr("q_offset"));
+  h.clear_q_offset();
+  h.set_kv_tokens(-1);
+  EXPECT_THAT(b.AddHeader(h).message(), HasSubstr("header.kv_tokens: must be >= 0"));
+
+  RequestAssembler c({});
+  v1::AttendHeader p = Header(1, 5, 2, 2, 8);
+  p.set_kv_tokens(9);
+  for (int64_t x : {0, 2, 5}) p.add_cu_seqlens_q(x);
+  for (int64_t x : {0, 4, 9}) p.add_cu_seqlens_k(x);
+  ASSERT_TRUE(c.AddHeader(p).ok());
+  EXPECT_EQ(c.spec().cu_seqlens_k.back(), 9);
+  RequestAssembler d({});
+  p.set_cu_seqlens_k(2, 8);  // does not end at kv_tokens
+  EXPECT_THAT(d.AddHeader(p).message(), HasSubstr("cu_seqlens_k"));
+}
+
+TEST(RequestAssemblerTest, ContextHeadersNeedAServerThatKeepsThem) {
+  RequestAssembler a({});
+  v1::AttendHeader h = Header(1, 1, 2, 2, 8);
+  h.set_context("ctx");
+  EXPECT_EQ(a.AddHeader(h).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/cuda/attention_ops.h"
+#include "core/cuda/cuda_attention_rect.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/device_upload.h"
 #include "core/cuda/pinned_host_pool.h"
 #include "core/cuda/flash_fwd/flash_fwd_head_dims.h"
 #include "core/cuda/flash_fwd/flash_fwd_launch.h"
@@ -32,29 +34,6 @@ template <int kHeadDim, typename Elem>
 cudaError_t DispatchBlock(const FlashFwdParams& p, cudaStream_t stream) {
   return p.block_size == 64 ? RunFlashFwd<kHeadDim, 64, Elem>(p, stream)
                             : RunFlashFwd<kHeadDim, 128, Elem>(p, stream);
-}
-
-// Uploads a host vector (layout metadata: O(blocks)) into a fresh device buffer, through a
-// page-locked staging block so that no request path copies from pageable memory. Synchronous
-// w.r.t. the staging block, which goes back to the pool when the copy is done.
-template <typename T>
-absl::StatusOr<DeviceBuffer> Upload(CachingAllocator& alloc, const std::vector<T>& host,
-                                    cudaStream_t stream) {
-  ATTN_ASSIGN_OR_RETURN(DeviceBuffer buf,
-                        DeviceBuffer::Create(alloc, std::max<size_t>(1, host.size()) * sizeof(T)));
-  if (!host.empty()) {
-    const size_t bytes = host.size() * sizeof(T);
-    PinnedHostPool& pinned = ProcessPinnedHostPool();
-    void* staging = pinned.Allocate(bytes);
-    if (staging == nullptr) return absl::ResourceExhaustedError("layout upload: no host memory");
-    std::memcpy(staging, host.data(), bytes);
-    const cudaError_t copy = cudaMemcpyAsync(buf.get(), staging, bytes, cudaMemcpyHostToDevice,
-                                             stream);
-    const cudaError_t sync = copy == cudaSuccess ? cudaStreamSynchronize(stream) : copy;
-    pinned.Free(staging, bytes);
-    CUDA_RETURN_IF_ERROR(sync);
-  }
-  return buf;
 }
 
 // Query blocks sorted by kept blocks, heaviest first (stable), so the longest CTAs start first and
@@ -95,7 +74,7 @@ absl::Status CudaCheckHeadDim(int64_t head_dim) {
 CudaWorkspaceSizes CudaWorkspaceSizesFor(const AttentionSpec& spec, const AttentionShape& shape,
                                          DType dtype) {
   const int64_t nq = shape.batch * shape.tokens * shape.q_heads * shape.head_dim;
-  const int64_t nkv = shape.batch * shape.tokens * shape.kv_heads * shape.head_dim;
+  const int64_t nkv = shape.batch * shape.kv_len() * shape.kv_heads * shape.head_dim;
   const bool dilated = std::holds_alternative<DilatedSpec>(spec.pattern);
   CudaWorkspaceSizes w;
   if (dtype == DType::kF32) {
@@ -233,7 +212,14 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
   plan->kernel_options_ = options.kernel;
   plan->alloc_ = &alloc;
   plan->workspace_ = CudaWorkspaceSizesFor(spec, shape, dtype);
-  if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
+  if (!IsSquare(spec, shape)) {
+    if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
+      return absl::UnimplementedError(
+          "spec.dilated: with kv_tokens != tokens, a query offset or packed sequences, dilated "
+          "attention runs on the CPU backend only for now");
+    }
+    ATTN_RETURN_IF_ERROR(plan->BuildRect(spec, options.compile, stream));
+  } else if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
     CompiledPattern local;
     if (compiled == nullptr) {
       ATTN_ASSIGN_OR_RETURN(local,
@@ -315,7 +301,7 @@ absl::Status CudaAttentionPlan::BuildLayout(const AttentionSpec& spec,
       for (int64_t i = 0; i < layout->num_blocks; ++i) {
         order[i] = static_cast<int32_t>(layout->num_blocks - 1 - i);
       }
-      ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
+      ATTN_ASSIGN_OR_RETURN(layout->row_order, UploadVector(alloc, order, stream));
       plan_bytes_ += layout->num_blocks * 4;
     }
     flops_ = 4.0 * b * hq * d * static_cast<double>(DensePairs(n, spec.causal));
@@ -343,10 +329,10 @@ absl::Status CudaAttentionPlan::BuildLayout(const AttentionSpec& spec,
   std::vector<uint8_t> mask(bl->mask.size());
   for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(bl->mask[i]);
   layout->kept_blocks = bl->kept_blocks();
-  ATTN_ASSIGN_OR_RETURN(layout->row_ptr, Upload(alloc, bl->row_ptr, stream));
-  ATTN_ASSIGN_OR_RETURN(layout->col_idx, Upload(alloc, bl->col_idx, stream));
-  ATTN_ASSIGN_OR_RETURN(layout->mask, Upload(alloc, mask, stream));
-  ATTN_ASSIGN_OR_RETURN(layout->row_order, Upload(alloc, order, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->row_ptr, UploadVector(alloc, bl->row_ptr, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->col_idx, UploadVector(alloc, bl->col_idx, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->mask, UploadVector(alloc, mask, stream));
+  ATTN_ASSIGN_OR_RETURN(layout->row_order, UploadVector(alloc, order, stream));
   plan_bytes_ = CsrBytes(bl->num_blocks, bl->kept_blocks());
   flops_ = 4.0 * b * hq * d * static_cast<double>(bl->AdmittedPairs());
   sparsity_ = bl->sparsity();
@@ -366,7 +352,7 @@ absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v,
   const void* vx = v;
   void* ox = o;
   if (dtype_ == DType::kF32) {
-    const int64_t nq = b * n * hq * d, nkv = b * n * hkv * d;
+    const int64_t nq = b * n * hq * d, nkv = b * shape_.kv_len() * hkv * d;
     ATTN_ASSIGN_OR_RETURN(qc, DeviceBuffer::Create(*alloc_, workspace_.q_bf16));
     ATTN_ASSIGN_OR_RETURN(kc, DeviceBuffer::Create(*alloc_, workspace_.k_bf16));
     ATTN_ASSIGN_OR_RETURN(vc, DeviceBuffer::Create(*alloc_, workspace_.v_bf16));
@@ -383,7 +369,11 @@ absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v,
   }
   if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
   if (dilated_) return RunDilated(qx, kx, vx, o, lse, stream, cancel, kernel);
-  ATTN_RETURN_IF_ERROR(RunLayout(qx, kx, vx, ox, lse, stream, kernel));
+  if (rect_) {
+    ATTN_RETURN_IF_ERROR(RunRect(qx, kx, vx, ox, lse, stream, cancel, kernel));
+  } else {
+    ATTN_RETURN_IF_ERROR(RunLayout(qx, kx, vx, ox, lse, stream, kernel));
+  }
   if (dtype_ == DType::kF32) {
     CUDA_RETURN_IF_ERROR(
         LaunchConvert(DType::kBF16, ox, DType::kF32, o, b * n * hq * d, stream));
@@ -476,13 +466,17 @@ int64_t CudaAttentionPlan::EstimateBytes(const AttentionSpec& spec, const Attent
   const int64_t b = shape.batch, n = shape.tokens, hq = shape.q_heads, hkv = shape.kv_heads,
                 d = shape.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
-  int64_t bytes = b * n * (2 * hq + 2 * hkv) * d * es + b * hq * n * 4;  // q k v o lse
+  // q, k, v, o and lse
+  int64_t bytes = b * (2 * n * hq + 2 * shape.kv_len() * hkv) * d * es + b * hq * n * 4;
   bytes += CudaWorkspaceSizesFor(spec, shape, dtype).total();
   // Plan memory at the smallest block size (the most blocks): none for dilated specs (strided
   // in-place branches), the heavy-first row order for dense ones, a CSR with a generous kept
   // count for the others (the real count is known only after compiling).
-  const int64_t nb = NumBlocks(n, kEstimateBlockSize);
-  if (std::holds_alternative<DenseSpec>(spec.pattern)) {
+  const int64_t nb = NumBlocks(std::max(n, shape.kv_len()), kEstimateBlockSize);
+  if (!IsSquare(spec, shape)) {
+    // Rectangular CSRs (core/spec/rect_pattern.h): the kept tiles of the query rows.
+    bytes += CsrBytes(nb, NumBlocks(n, kEstimateBlockSize) * std::min<int64_t>(nb, 64));
+  } else if (std::holds_alternative<DenseSpec>(spec.pattern)) {
     bytes += nb * 4;
   } else if (!std::holds_alternative<DilatedSpec>(spec.pattern)) {
     bytes += CsrBytes(nb, std::min<int64_t>(nb * nb, 64 * nb));

@@ -58,8 +58,9 @@ struct CudaWorkspaceSizes {
 CudaWorkspaceSizes CudaWorkspaceSizesFor(const AttentionSpec& spec, const AttentionShape& shape,
                                          DType dtype);
 
-// One spec compiled for one shape and dtype, with its block layout (or dilated branch plan)
-// uploaded to the device. Run() may be called many times (benches) on the stream it was made for.
+// One spec compiled for one shape and dtype, with its block layout (or dilated branch plan, or
+// for a request that is not square -- Nq != Nkv, a query offset, packed sequences -- the
+// RectLayouts of its pieces, dense, window and block_sparse only) uploaded to the device. Run() may be called many times (benches) on the stream it was made for.
 // Inputs/outputs are contiguous device tensors: q [B, N, Hq, D], k/v [B, N, Hkv, D] and
 // o [B, N, Hq, D] in `dtype` (f32 allowed: computed in bf16, see below), lse [B, Hq, N] f32.
 //
@@ -104,6 +105,7 @@ class CudaAttentionPlan {
  private:
   struct Layout;   // an uploaded CSR (or implicit dense)
   struct Dilated;  // per branch and head group: strided segment runs
+  struct Rect;     // a request that is not square: one uploaded RectLayout per piece
   CudaAttentionPlan() = default;
   absl::Status BuildDilated(const AttentionSpec& spec, const CompiledPattern& compiled,
                             int32_t block_size);
@@ -111,6 +113,12 @@ class CudaAttentionPlan {
                            const CompileOptions& options, cudaStream_t stream);
   absl::Status RunLayout(const void* q, const void* k, const void* v, void* o, float* lse,
                          cudaStream_t stream, FlashKernel* kernel) const;
+  // cuda_attention_rect.cc: the pieces of RequestSpans / SpanLayouts (core/spec/rect_pattern.h).
+  absl::Status BuildRect(const AttentionSpec& spec, const CompileOptions& options,
+                         cudaStream_t stream);
+  absl::Status RunRect(const void* q, const void* k, const void* v, void* o, float* lse,
+                       cudaStream_t stream, const std::atomic<bool>* cancel,
+                       FlashKernel* kernel) const;
   absl::Status RunDilated(const void* q, const void* k, const void* v, void* o, float* lse,
                           cudaStream_t stream, const std::atomic<bool>* cancel,
                           FlashKernel* kernel) const;
@@ -124,6 +132,7 @@ class CudaAttentionPlan {
   CachingAllocator* alloc_ = nullptr;
   std::unique_ptr<Layout> layout_;
   std::unique_ptr<Dilated> dilated_;
+  std::unique_ptr<Rect> rect_;
   double flops_ = 0;
   double sparsity_ = 0;
   int64_t plan_bytes_ = 0;

@@ -89,7 +89,10 @@ bool DenseOrWindow(const AttentionSpec& spec) {
 // asked later, once per case).
 bool CudnnCandidate(AttentionEngine mode, const AttentionSpec& spec, const AttentionShape& shape,
                     DType dtype) {
-  if (mode == AttentionEngine::kOwn || !DenseOrWindow(spec)) return false;
+  // cuDNN runs square requests; the others (Nq != Nkv, offsets, packed) go to our kernels.
+  if (mode == AttentionEngine::kOwn || !DenseOrWindow(spec) || !IsSquare(spec, shape)) {
+    return false;
+  }
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
   const absl::StatusOr<bool> meant = CudnnSdpaSupports(spec, shape, ComputeDType(dtype));
   if (!meant.ok() || !*meant) return false;  // the own path reports an invalid spec or shape

@@ -56,7 +56,7 @@ absl::StatusOr<CudaRunIo> ResolveCudaRunIo(int ordinal, const AttentionShape& s,
   r.shape = s;
   r.dtype = dtype;
   const std::vector<int64_t> q_dims = {s.batch, s.tokens, s.q_heads, s.head_dim};
-  const std::vector<int64_t> kv_dims = {s.batch, s.tokens, s.kv_heads, s.head_dim};
+  const std::vector<int64_t> kv_dims = {s.batch, s.kv_len(), s.kv_heads, s.head_dim};
   const std::vector<int64_t> lse_dims = {s.batch, s.q_heads, s.tokens};
   static const DeviceTensorView kNone;
   const DeviceTensorView* views[3] = {io ? &io->q : &kNone, io ? &io->k : &kNone,

@@ -179,6 +179,7 @@ class ContextStoreImpl final : public ContextStore {
     ContextView view;
     view.device_index = e->device_index;
     view.on_device = e->storage->k->device_data() != nullptr;
+    view.cuda_ordinal = devices_[e->device_index]->cuda_ordinal();
     view.dtype = e->config.dtype;
     view.kv_heads = e->config.kv_heads;
     view.head_dim = e->config.head_dim;

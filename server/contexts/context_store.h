@@ -69,6 +69,7 @@ struct ContextInfo {
 struct ContextView {
   size_t device_index = 0;
   bool on_device = false;
+  int cuda_ordinal = -1;  // on_device: the GPU
   DType dtype = DType::kBF16;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;

@@ -198,6 +198,7 @@ class AttentionServiceImpl::AttendReactor final
     o.host_memory = &service->pool_->device(0).host_memory();
     o.regions = service->regions_.get();
     o.region_owner = "";  // one namespace per server today (server/regions/region_registry.h)
+    o.contexts = service->contexts_.get();
     for (size_t i = 0; i < service->pool_->size(); ++i) {
       const int ordinal = service->pool_->device(i).cuda_ordinal();
       if (ordinal >= 0) o.in_place_cuda_ordinals.push_back(ordinal);

@@ -1,0 +1,240 @@
+// attnbench_context: contexts through the service, as an inference engine uses them.
+//
+//   decode:  create a context of --context-tokens rows (appended in --append-rows pieces), then
+//            --steps attends of each --q-lens query count (q_offset: the context's last rows),
+//            timing each call end to end (Q up, O down) next to the server's kernel time from
+//            the response header.
+//   prefill: create an empty context, then for each --append-rows chunk append its K/V and
+//            attend its queries (causal: the chunk's rows against every row so far), timing the
+//            whole sequence; the same length as one dense causal Attend is timed too.
+// Inputs are seeded random bf16. Prints a table; --json-out writes the figures.
+//
+//   attnbench_context --server HOST:PORT [--mode decode|prefill] [--context-tokens 1048576]
+//       [--append-rows 65536] [--q-heads 32] [--kv-heads 8] [--head-dim 128]
+//       [--q-lens 1,4,16] [--steps 20] [--json-out FILE]
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attnserve/v1/attnserve.grpc.pb.h"
+#include "bench/harness/flags.h"
+#include "bench/harness/run_record.h"
+#include "core/util/json.h"
+#include "core/util/status_macros.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "attnserve address");
+ABSL_FLAG(std::string, mode, "decode", "decode | prefill");
+ABSL_FLAG(int64_t, context_tokens, 1048576, "context rows (decode) or sequence length (prefill)");
+ABSL_FLAG(int64_t, append_rows, 65536, "rows per AppendContext (and per prefill chunk)");
+ABSL_FLAG(int64_t, q_heads, 32, "query heads");
+ABSL_FLAG(int64_t, kv_heads, 8, "KV heads");
+ABSL_FLAG(int64_t, head_dim, 128, "head dim");
+ABSL_FLAG(std::vector<std::string>, q_lens, std::vector<std::string>({"1", "4", "16"}),
+          "decode: query rows per step");
+ABSL_FLAG(int, steps, 20, "decode: timed steps per query count (after 3 untimed)");
+ABSL_FLAG(std::string, json_out, "", "write the figures here as JSON");
+
+namespace attnserve {
+namespace {
+
+namespace v1 = ::attnserve::v1;
+constexpr int64_t kChunk = (int64_t{4} << 20) - (int64_t{64} << 10);
+
+std::string RandomBf16(int64_t elems, uint32_t seed) {
+  std::string out(static_cast<size_t>(elems * 2), '\0');
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < elems; ++i) {
+    const float f = u(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    const uint16_t h = static_cast<uint16_t>(bits >> 16);
+    std::memcpy(&out[static_cast<size_t>(i * 2)], &h, 2);
+  }
+  return out;
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+template <typename Writer, typename Message>
+void WriteChunks(Writer& w, Message& m, v1::TensorKind kind, const std::string& bytes) {
+  for (size_t off = 0; off < bytes.size(); off += kChunk) {
+    m.Clear();
+    v1::TensorChunk* c = m.mutable_chunk();
+    c->set_tensor(kind);
+    c->set_offset(static_cast<int64_t>(off));
+    c->set_data(bytes.substr(off, std::min<size_t>(kChunk, bytes.size() - off)));
+    w->Write(m);
+  }
+}
+
+absl::Status Append(v1::AttentionService::Stub& stub, const std::string& name, int64_t rows,
+                    const std::string& k, const std::string& v) {
+  grpc::ClientContext ctx;
+  v1::AppendContextResponse resp;
+  auto w = stub.AppendContext(&ctx, &resp);
+  v1::AppendContextRequest m;
+  m.mutable_header()->set_context(name);
+  m.mutable_header()->set_tokens(rows);
+  w->Write(m);
+  WriteChunks(w, m, v1::TENSOR_K, k);
+  WriteChunks(w, m, v1::TENSOR_V, v);
+  w->WritesDone();
+  return FromGrpc(w->Finish(), "AppendContext");
+}
+
+struct CallFigures {
+  double wall_s = 0, kernel_s = 0, compute_s = 0;
+};
+
+// One Attend: header (+ K/V when not against a context), Q, then the response drained.
+absl::StatusOr<CallFigures> Attend(v1::AttentionService::Stub& stub, const v1::AttendHeader& h,
+                                   const std::string& q, const std::string* k,
+                                   const std::string* v) {
+  const absl::Time t0 = absl::Now();
+  grpc::ClientContext ctx;
+  auto s = stub.Attend(&ctx);
+  v1::AttendRequest m;
+  *m.mutable_header() = h;
+  s->Write(m);
+  WriteChunks(s, m, v1::TENSOR_Q, q);
+  if (k != nullptr) WriteChunks(s, m, v1::TENSOR_K, *k);
+  if (v != nullptr) WriteChunks(s, m, v1::TENSOR_V, *v);
+  s->WritesDone();
+  v1::AttendResponse r;
+  CallFigures f;
+  while (s->Read(&r)) {
+    if (r.has_header()) {
+      f.kernel_s = r.header().kernel_seconds();
+      f.compute_s = r.header().compute_seconds();
+    }
+  }
+  ATTN_RETURN_IF_ERROR(FromGrpc(s->Finish(), "Attend"));
+  f.wall_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  return f;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+absl::Status Run() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::AttentionService::NewStub(channel);
+  const int64_t n = absl::GetFlag(FLAGS_context_tokens), rows = absl::GetFlag(FLAGS_append_rows);
+  const int64_t hq = absl::GetFlag(FLAGS_q_heads), hkv = absl::GetFlag(FLAGS_kv_heads),
+                d = absl::GetFlag(FLAGS_head_dim);
+  const bool prefill = absl::GetFlag(FLAGS_mode) == "prefill";
+  const std::string name = absl::StrCat("bench-", absl::ToUnixMicros(absl::Now()));
+  {
+    grpc::ClientContext ctx;
+    v1::CreateContextRequest req;
+    req.set_name(name);
+    req.set_dtype(v1::DTYPE_BF16);
+    req.set_kv_heads(hkv);
+    req.set_head_dim(d);
+    req.set_capacity_tokens(n);
+    v1::CreateContextResponse resp;
+    ATTN_RETURN_IF_ERROR(FromGrpc(stub->CreateContext(&ctx, req, &resp), "CreateContext"));
+  }
+  v1::AttendHeader h;
+  h.set_dtype(v1::DTYPE_BF16);
+  h.set_batch(1);
+  h.set_q_heads(hq);
+  h.set_kv_heads(hkv);
+  h.set_head_dim(d);
+  h.mutable_spec()->mutable_dense();
+  h.mutable_spec()->set_causal(true);
+  Json out = Json::Object();
+  out.Set("command", bench::BenchCommandLine()).Set("mode", absl::GetFlag(FLAGS_mode));
+  const std::string k = RandomBf16(rows * hkv * d, 2), v = RandomBf16(rows * hkv * d, 3);
+  if (!prefill) {
+    const absl::Time t0 = absl::Now();
+    for (int64_t at = 0; at < n; at += rows) ATTN_RETURN_IF_ERROR(Append(*stub, name, rows, k, v));
+    const double append_s = absl::ToDoubleSeconds(absl::Now() - t0);
+    std::printf("context %s: %lld rows appended in %.2f s\n", name.c_str(),
+                static_cast<long long>(n), append_s);
+    Json steps = Json::Array();
+    for (const std::string& ql : absl::GetFlag(FLAGS_q_lens)) {
+      const int64_t nq = std::stoll(ql);
+      const std::string q = RandomBf16(nq * hq * d, 1);
+      v1::AttendHeader dh = h;
+      dh.set_tokens(nq);
+      dh.set_context(name);
+      std::vector<double> wall, kernel;
+      for (int i = 0; i < absl::GetFlag(FLAGS_steps) + 3; ++i) {
+        ATTN_ASSIGN_OR_RETURN(CallFigures f, Attend(*stub, dh, q, nullptr, nullptr));
+        if (i >= 3) {
+          wall.push_back(f.wall_s);
+          kernel.push_back(f.kernel_s);
+        }
+      }
+      std::printf("decode Nq=%lld against %lld rows: end to end %.3f ms, kernel %.3f ms, "
+                  "difference %.3f ms (medians of %zu)\n",
+                  static_cast<long long>(nq), static_cast<long long>(n), Median(wall) * 1e3,
+                  Median(kernel) * 1e3, (Median(wall) - Median(kernel)) * 1e3, wall.size());
+      steps.Push(Json::Object()
+                     .Set("q_len", nq)
+                     .Set("end_to_end_s", Median(wall))
+                     .Set("kernel_s", Median(kernel))
+                     .Set("end_to_end_s_all", Json::ArrayOf(wall)));
+    }
+    out.Set("context_tokens", n).Set("append_s", append_s).Set("decode", steps);
+  } else {
+    const std::string q = RandomBf16(rows * hq * d, 1);
+    double kernels = 0;
+    const absl::Time t0 = absl::Now();
+    for (int64_t at = 0; at < n; at += rows) {
+      ATTN_RETURN_IF_ERROR(Append(*stub, name, rows, k, v));
+      v1::AttendHeader ch = h;
+      ch.set_tokens(rows);
+      ch.set_context(name);
+      ATTN_ASSIGN_OR_RETURN(CallFigures f, Attend(*stub, ch, q, nullptr, nullptr));
+      kernels += f.kernel_s;
+    }
+    const double chunked_s = absl::ToDoubleSeconds(absl::Now() - t0);
+    std::printf("chunked prefill of %lld rows in %lld-row chunks: %.2f s end to end, kernels "
+                "%.3f s\n",
+                static_cast<long long>(n), static_cast<long long>(rows), chunked_s, kernels);
+    out.Set("tokens", n).Set("chunk", rows).Set("chunked_s", chunked_s)
+        .Set("chunked_kernel_s", kernels);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteContextRequest req;
+    req.set_name(name);
+    v1::DeleteContextResponse resp;
+    ATTN_RETURN_IF_ERROR(FromGrpc(stub->DeleteContext(&ctx, req, &resp), "DeleteContext"));
+  }
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    ATTN_RETURN_IF_ERROR(bench::WriteJsonOut(absl::GetFlag(FLAGS_json_out), out));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace attnserve
+
+int main(int argc, char** argv) {
+  return attnserve::bench::BenchMain(argc, argv, "attnbench_context: contexts through the service",
+                                     "attnbench_context", &attnserve::Run);
+}
