@@ -85,6 +85,9 @@ CudaWorkspaceSizes CudaWorkspaceSizesFor(const AttentionSpec& spec, const Attent
   } else if (dilated) {
     w.o_acc_f32 = nq * 4;
   }
+  if (!IsSquare(spec, shape) && std::holds_alternative<DenseSpec>(spec.pattern) && spec.causal) {
+    w.o_acc_f32 = nq * 4;  // the rect path's accumulator (cuda_attention_rect.cc)
+  }
   return w;
 }
 

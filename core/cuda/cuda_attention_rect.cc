@@ -1,9 +1,16 @@
 // CudaAttentionPlan for requests that are not square (docs/DESIGN.md "The math": Nq != Nkv, a
-// query offset, packed sequences): the request's spans and their RectLayouts come from
-// core/spec/rect_pattern.h, the same pieces the CPU backend runs; each is uploaded as a CSR and
-// launched on the flash kernels with its own query rows, key rows and positions. The pieces
-// cover disjoint query rows, so each stores its rows (no accumulation); rows no piece covers
-// (no admissible key) keep O = 0 and LSE = -inf from the fill before the launches.
+// query offset, packed sequences), span by span (core/spec/rect_pattern.h: RequestSpans):
+//   - window and block_sparse spans: their RectLayouts (SpanLayouts, the pieces the CPU backend
+//     runs), each uploaded as a CSR and launched with its own rows and positions; the layouts of
+//     a span cover disjoint query rows, so each stores its rows;
+//   - dense spans: no CSR at all (a chunk of a 1M-token prefill would list millions of tiles):
+//     not causal, one implicit dense launch; causal, the keys before the span's first query are
+//     admitted for every query (one implicit dense launch), the keys at the queries' positions
+//     form a square causal diagonal (the kernel's implicit causal layout), and queries past the
+//     last key see every key from the first query's position on (implicit dense). Those pieces
+//     overlap on query rows, so they LSE-merge into an f32 accumulator.
+// Rows no piece covers (no admissible key) keep O = 0 and LSE = -inf from the fill before the
+// launches.
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -19,11 +26,79 @@
 
 namespace attnserve {
 
+namespace {
+
+using Kind = FlashFwdLayoutView::Kind;
+
+// One implicit launch of a dense span: query rows [q0, q0 + q_len) of the span against its key
+// rows [k0, k0 + k_len) (positions: the span's query positions, and keys at their rows).
+struct DensePiece {
+  Kind kind;
+  int64_t q0, q_len, k0, k_len;
+};
+
+// The implicit pieces of a dense span (see the file comment), and its admitted pairs.
+double DensePieces(const QuerySpan& span, bool causal, std::vector<DensePiece>* out) {
+  const auto add = [&](Kind kind, int64_t q0, int64_t q_len, int64_t k0, int64_t k_len) {
+    if (q_len > 0 && k_len > 0) out->push_back({kind, q0, q_len, k0, k_len});
+  };
+  const int64_t L = span.q_len, P = span.q_pos, K = span.k_len;
+  if (!causal) {
+    add(Kind::kDense, 0, L, 0, K);
+    return static_cast<double>(L) * static_cast<double>(K);
+  }
+  const int64_t before = std::min(P, K);                           // keys every query admits
+  const int64_t m = std::max<int64_t>(0, std::min(K, P + L) - P);  // the square diagonal
+  add(Kind::kDense, 0, L, 0, before);
+  add(Kind::kDenseCausal, 0, m, P, m);
+  add(Kind::kDense, m, L - m, P, m);
+  const double dm = static_cast<double>(m);
+  return static_cast<double>(L) * static_cast<double>(before) + dm * (dm + 1) / 2 +
+         static_cast<double>(L - m) * dm;
+}
+
+}  // namespace
+
 absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const CompileOptions& options,
                                           cudaStream_t stream) {
   auto rect = std::make_unique<Rect>();
+  const bool dense = std::holds_alternative<DenseSpec>(spec.pattern);
+  rect->accumulate = dense && spec.causal;
   double pairs = 0, kept = 0, tiles = 0;
   for (const QuerySpan& span : RequestSpans(spec, shape_)) {
+    if (dense) {
+      std::vector<DensePiece> parts;
+      pairs += DensePieces(span, spec.causal, &parts);
+      for (const DensePiece& d : parts) {
+        Rect::Piece p;
+        p.kind = d.kind;
+        p.q_row = span.q_row + d.q0;
+        p.q_pos = span.q_pos + d.q0;
+        p.q_len = d.q_len;
+        p.k_row = span.k_row + d.k0;
+        p.k_pos = d.k0;
+        p.k_len = d.k_len;
+        p.tile = options.block_size;
+        if (d.kind == Kind::kDenseCausal) {
+          // Heaviest (longest) query tiles of the diagonal first, as for square causal layouts.
+          std::vector<int32_t> order(static_cast<size_t>(NumBlocks(p.q_len, p.tile)));
+          for (size_t t = 0; t < order.size(); ++t) {
+            order[t] = static_cast<int32_t>(order.size() - 1 - t);
+          }
+          ATTN_ASSIGN_OR_RETURN(p.row_order, UploadVector(*alloc_, order, stream));
+          plan_bytes_ += static_cast<int64_t>(order.size() * 4);
+        }
+        rect->pieces.push_back(std::move(p));
+      }
+      const double q_tiles = static_cast<double>(NumBlocks(span.q_len, options.block_size));
+      const double k_tiles = static_cast<double>(NumBlocks(span.k_len, options.block_size));
+      tiles += q_tiles * k_tiles;
+      kept += spec.causal ? std::min(q_tiles * k_tiles,
+                                     q_tiles * static_cast<double>(NumBlocks(
+                                                   span.q_pos + span.q_len, options.block_size)))
+                          : q_tiles * k_tiles;
+      continue;
+    }
     ATTN_ASSIGN_OR_RETURN(std::vector<RectLayout> layouts, SpanLayouts(spec, span, options));
     for (const RectLayout& l : layouts) {
       if (l.rule.segment_starts != nullptr) {
@@ -34,6 +109,7 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
       p.q_pos = l.q_begin;
       p.q_len = l.q_len;
       p.k_row = span.k_row + l.k_begin;
+      p.k_pos = l.k_begin;
       p.k_len = l.k_len;
       p.tile = l.tile;
       p.rule_causal = l.rule.causal;
@@ -71,15 +147,24 @@ absl::Status CudaAttentionPlan::RunRect(const void* q, const void* k, const void
   const int64_t b = shape_.batch, nq = shape_.tokens, nkv = shape_.kv_len(), hq = shape_.q_heads,
                 hkv = shape_.kv_heads, d = shape_.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(compute_dtype_));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o, 0, static_cast<size_t>(b * nq * hq * d * es), stream));
+  const int64_t o_elems = b * nq * hq * d;
+  DeviceBuffer acc;  // f32 O accumulator of overlapping pieces
+  if (rect_->accumulate) {
+    ATTN_ASSIGN_OR_RETURN(acc, DeviceBuffer::Create(*alloc_, workspace_.o_acc_f32));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc.get(), 0, static_cast<size_t>(o_elems * 4), stream));
+  } else {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o, 0, static_cast<size_t>(o_elems * es), stream));
+  }
   CUDA_RETURN_IF_ERROR(LaunchFillFloat(lse, -INFINITY, b * hq * nq, stream));
+  void* const o_base = rect_->accumulate ? acc.get() : o;
+  const int64_t o_es = rect_->accumulate ? 4 : es;
   for (const Rect::Piece& p : rect_->pieces) {
     if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
     FlashFwdTensors t;
     t.q = static_cast<const char*>(q) + p.q_row * hq * d * es;
     t.k = static_cast<const char*>(k) + p.k_row * hkv * d * es;
     t.v = static_cast<const char*>(v) + p.k_row * hkv * d * es;
-    t.o = static_cast<char*>(o) + p.q_row * hq * d * es;
+    t.o = static_cast<char*>(o_base) + p.q_row * hq * d * o_es;
     t.lse = lse + p.q_row;
     t.shape = shape_;  // tokens = Nq: the batch and LSE row pitch of q, o and lse
     t.kv_tokens = nkv;
@@ -88,18 +173,24 @@ absl::Status CudaAttentionPlan::RunRect(const void* q, const void* k, const void
     range.q_len = p.q_len;
     range.kv_len = p.k_len;
     range.q_pos_offset = p.q_pos;
-    range.k_pos_offset = 0;
+    range.k_pos_offset = p.k_pos;
+    range.accumulate = rect_->accumulate;
     FlashFwdLayoutView view;
-    view.kind = FlashFwdLayoutView::Kind::kCsr;
+    view.kind = p.kind;
     view.block_size = p.tile;
-    view.row_ptr = p.row_ptr.as<int64_t>();
-    view.col_idx = p.col_idx.as<int32_t>();
-    view.block_mask = p.mask.as<uint8_t>();
-    view.row_order = p.row_order.as<int32_t>();
-    view.rule_causal = p.rule_causal;
-    view.rule_window = p.rule_window;
+    view.row_order = p.row_order.size() > 0 ? p.row_order.as<int32_t>() : nullptr;
+    if (p.kind == Kind::kCsr) {
+      view.row_ptr = p.row_ptr.as<int64_t>();
+      view.col_idx = p.col_idx.as<int32_t>();
+      view.block_mask = p.mask.as<uint8_t>();
+      view.rule_causal = p.rule_causal;
+      view.rule_window = p.rule_window;
+    }
     ATTN_RETURN_IF_ERROR(RunAttentionForward(BuildFlashFwdParams(t, range, view, scale_),
                                              kernel_options_, stream, kernel));
+  }
+  if (rect_->accumulate) {
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, acc.get(), compute_dtype_, o, o_elems, stream));
   }
   return absl::OkStatus();
 }

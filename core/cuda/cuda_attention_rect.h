@@ -8,15 +8,19 @@
 
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_attention.h"
+#include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
 
 namespace attnserve {
 
 struct CudaAttentionPlan::Rect {
   struct Piece {
+    // kCsr: a RectLayout; kDense / kDenseCausal: implicit layouts (dense specs, no CSR built).
+    FlashFwdLayoutView::Kind kind = FlashFwdLayoutView::Kind::kCsr;
     int64_t q_row = 0;  // first query row of Q (and O, LSE) the piece covers
     int64_t q_pos = 0;  // its position
     int64_t q_len = 0;
     int64_t k_row = 0;  // first key row of K and V
+    int64_t k_pos = 0;  // its position
     int64_t k_len = 0;
     int32_t tile = 128;
     bool rule_causal = false;
@@ -24,6 +28,9 @@ struct CudaAttentionPlan::Rect {
     DeviceBuffer row_ptr, col_idx, mask, row_order;
   };
   std::vector<Piece> pieces;
+  // Dense causal: several pieces cover each query row (the keys before its span's queries, then
+  // the diagonal), so they LSE-merge into an f32 accumulator (workspace o_acc_f32).
+  bool accumulate = false;
 };
 
 }  // namespace attnserve
