@@ -79,7 +79,8 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
         p.k_pos = d.k0;
         p.k_len = d.k_len;
         p.tile = options.block_size;
-        if (d.kind == Kind::kDenseCausal) {
+        // (One tile needs no order: skipping it spares decode steps a synchronous upload.)
+        if (d.kind == Kind::kDenseCausal && NumBlocks(p.q_len, p.tile) > 1) {
           // Heaviest (longest) query tiles of the diagonal first, as for square causal layouts.
           std::vector<int32_t> order(static_cast<size_t>(NumBlocks(p.q_len, p.tile)));
           for (size_t t = 0; t < order.size(); ++t) {

@@ -423,3 +423,148 @@ TEST_F(ServiceTest, ConcurrentCallsAllComplete) {
 
 }  // namespace
 }  // namespace attnserve
+
+namespace attnserve {
+namespace {
+
+// Contexts end to end: K/V appended in pieces, attends of Q alone against them equal to the
+// float64 reference, the limits with their codes, and the memory back to zero.
+class ContextServiceTest : public ServiceTest {
+ protected:
+  grpc::Status Create(const std::string& name, int64_t capacity, int64_t ttl_s = 0) {
+    grpc::ClientContext ctx;
+    v1::CreateContextRequest req;
+    req.set_name(name);
+    req.set_dtype(v1::DTYPE_BF16);
+    req.set_kv_heads(2);
+    req.set_head_dim(64);
+    req.set_capacity_tokens(capacity);
+    req.set_ttl_seconds(ttl_s);
+    v1::CreateContextResponse resp;
+    return stub_->CreateContext(&ctx, req, &resp);
+  }
+  // Appends rows [from, from + n) of k and v ([1, N, 2, 64]).
+  grpc::Status Append(const std::string& name, const Inputs& kv, int64_t from, int64_t n,
+                      std::optional<int64_t> expect = {}) {
+    grpc::ClientContext ctx;
+    v1::AppendContextResponse resp;
+    auto w = stub_->AppendContext(&ctx, &resp);
+    v1::AppendContextRequest m;
+    m.mutable_header()->set_context(name);
+    m.mutable_header()->set_tokens(n);
+    if (expect) m.mutable_header()->set_expect_tokens(*expect);
+    w->Write(m);
+    const int64_t row = 2 * 64 * 2;
+    for (auto [kind, t] : {std::pair{v1::TENSOR_K, &kv.k}, std::pair{v1::TENSOR_V, &kv.v}}) {
+      m.Clear();
+      m.mutable_chunk()->set_tensor(kind);
+      m.mutable_chunk()->set_data(reinterpret_cast<const char*>(t->data()) + from * row, n * row);
+      w->Write(m);
+    }
+    w->WritesDone();
+    return w->Finish();
+  }
+};
+
+TEST_F(ContextServiceTest, LifecycleMatchesReferenceAndFreesEverything) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const Inputs all = MakeInputs(Header(v1::DTYPE_BF16, 1, 600, 8, 2, 64, R"({"dense": {}})"),
+                                seed);  // its K and V are the context's rows
+  ASSERT_TRUE(Create("c", 0).ok());  // growable: 3 appends, the second checked by expect_tokens
+  ASSERT_TRUE(Append("c", all, 0, 300, 0).ok());
+  ASSERT_TRUE(Append("c", all, 300, 200, 300).ok());
+  ASSERT_TRUE(Append("c", all, 500, 100).ok());
+  const struct {
+    int64_t nq, offset;  // offset -1: the server's default, the context's last rows
+    const char* spec;
+  } cases[] = {{1, -1, R"({"dense": {}, "causal": true})"},
+               {16, -1, R"({"window": {"size": "40"}, "causal": true})"},
+               {50, 250, R"({"blockSparse": {"blockSize": 64, "localWindow": {"width": "1"}},
+                            "causal": true})"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(absl::StrCat("nq=", c.nq, " ", c.spec));
+    v1::AttendHeader h = Header(v1::DTYPE_BF16, 1, c.nq, 8, 2, 64, c.spec);
+    h.set_context("c");
+    h.set_return_lse(true);
+    if (c.offset >= 0) h.set_q_offset(c.offset);
+    Inputs q_only{MakeInputs(h, seed + 7).q, HostTensor(), HostTensor()};
+    const CallResult r = Attend(stub_.get(), h, q_only, 4096);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    AttentionSpec spec = *SpecFromProto(h.spec());
+    spec.q_offset = c.offset >= 0 ? c.offset : 600 - c.nq;
+    absl::StatusOr<ReferenceResult> ref = ReferenceAttention(spec, q_only.q, all.k, all.v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    HostTensor o = *HostTensor::Create(DType::kBF16, {1, c.nq, 8, 64});
+    HostTensor lse = *HostTensor::Create(DType::kF32, {1, 8, c.nq});
+    ASSERT_EQ(r.o.size(), o.nbytes());
+    ASSERT_EQ(r.lse.size(), lse.nbytes());
+    std::memcpy(o.data(), r.o.data(), r.o.size());
+    std::memcpy(lse.data(), r.lse.data(), r.lse.size());
+    const ErrorStats e = CompareToReference(*ref, o, &lse);
+    EXPECT_EQ(e.nonfinite, 0);
+    EXPECT_LE(e.o_rel, ReferenceOTolerance(DType::kBF16));
+    EXPECT_LE(e.lse_max_abs, kReferenceLseTolerance);
+  }
+  grpc::ClientContext gctx;
+  v1::GetContextRequest greq;
+  greq.set_name("c");
+  v1::GetContextResponse gresp;
+  ASSERT_TRUE(stub_->GetContext(&gctx, greq, &gresp).ok());
+  EXPECT_EQ(gresp.context().tokens(), 600);
+  EXPECT_EQ(gresp.context().attends(), 3);
+  grpc::ClientContext dctx;
+  v1::DeleteContextRequest dreq;
+  dreq.set_name("c");
+  v1::DeleteContextResponse dresp;
+  ASSERT_TRUE(stub_->DeleteContext(&dctx, dreq, &dresp).ok());
+  ExpectBaseline();
+  EXPECT_THAT(metrics_->RenderText(), HasSubstr("attnserve_context_bytes{device=\"cpu:0\"} 0\n"));
+}
+
+TEST_F(ContextServiceTest, MisuseAnswersWithItsCode) {
+  const Inputs all = MakeInputs(Header(v1::DTYPE_BF16, 1, 64, 8, 2, 64, R"({"dense": {}})"), 5);
+  ASSERT_TRUE(Create("fixed", 32).ok());
+  EXPECT_EQ(Create("fixed", 32).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(Append("fixed", all, 0, 40).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Append("fixed", all, 0, 8, 3).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // Two appends racing: both land, whole, one after the other.
+  std::thread t1([&] { EXPECT_TRUE(Append("fixed", all, 0, 8).ok()); });
+  std::thread t2([&] { EXPECT_TRUE(Append("fixed", all, 8, 8).ok()); });
+  t1.join();
+  t2.join();
+  v1::AttendHeader h = Header(v1::DTYPE_BF16, 1, 1, 8, 4, 64, R"({"dense": {}})");
+  h.set_context("fixed");
+  Inputs q{MakeInputs(h, 1).q, HostTensor(), HostTensor()};
+  CallResult r = Attend(stub_.get(), h, q, 4096);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("header.kv_heads"));
+  h.set_kv_heads(2);
+  r = Attend(stub_.get(), h, q, 4096);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  grpc::ClientContext gctx;
+  v1::GetContextRequest greq;
+  greq.set_name("fixed");
+  v1::GetContextResponse gresp;
+  ASSERT_TRUE(stub_->GetContext(&gctx, greq, &gresp).ok());
+  EXPECT_EQ(gresp.context().tokens(), 16);
+  grpc::ClientContext dctx;
+  v1::DeleteContextRequest dreq;
+  dreq.set_name("fixed");
+  v1::DeleteContextResponse dresp;
+  ASSERT_TRUE(stub_->DeleteContext(&dctx, dreq, &dresp).ok());
+  r = Attend(stub_.get(), h, q, 4096);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("deleted"));
+  // Expiry: idle past its ttl, the sweeper (once a second) deletes it.
+  ASSERT_TRUE(Create("brief", 8, /*ttl_s=*/1).ok());
+  absl::SleepFor(absl::Milliseconds(2600));
+  h.set_context("brief");
+  r = Attend(stub_.get(), h, q, 4096);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("expired"));
+  ExpectBaseline();
+}
+
+}  // namespace
+}  // namespace attnserve
