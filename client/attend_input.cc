@@ -60,7 +60,8 @@ absl::StatusOr<v1::AttendHeader> BuildAttendHeader(const AttendInput& input) {
     }
     const HostTensor* kv = input.k != nullptr ? input.k : input.v;
     if (kv == nullptr && !input.shape) {
-      return absl::InvalidArgumentError("input: shape is required when k and v come from regions");
+      return absl::InvalidArgumentError(
+          "input: shape is required when k and v come from regions or a context");
     }
     if (kv != nullptr && kv->rank() != 4) {
       return absl::InvalidArgumentError(
@@ -68,6 +69,8 @@ absl::StatusOr<v1::AttendHeader> BuildAttendHeader(const AttendInput& input) {
     }
     shape = {input.q->dim(0), input.q->dim(1), input.q->dim(2),
              kv != nullptr ? kv->dim(2) : input.shape->kv_heads, input.q->dim(3)};
+    if (kv != nullptr && kv->dim(1) != shape.tokens) shape.kv_tokens = kv->dim(1);
+    if (kv == nullptr) shape.kv_tokens = input.shape->kv_tokens;
     dtype = input.q->dtype();
   } else if (input.shape) {
     shape = *input.shape;
@@ -75,9 +78,20 @@ absl::StatusOr<v1::AttendHeader> BuildAttendHeader(const AttendInput& input) {
     return absl::InvalidArgumentError("input: shape is required when q comes from a region");
   }
   const std::vector<int64_t> want_q = {shape.batch, shape.tokens, shape.q_heads, shape.head_dim};
-  const std::vector<int64_t> want_kv = {shape.batch, shape.tokens, shape.kv_heads,
+  const std::vector<int64_t> want_kv = {shape.batch, shape.kv_len(), shape.kv_heads,
                                         shape.head_dim};
-  if (absl::Status s = ValidateTensors(input, dtype, want_q, want_kv); !s.ok()) return s;
+  if (!input.context.empty()) {
+    if (input.k != nullptr || input.v != nullptr || input.k_region || input.v_region) {
+      return absl::InvalidArgumentError(
+          "input.context: K and V come from the context; leave k, v and their regions unset");
+    }
+    AttendInput q_only = input;  // check q alone
+    TensorRegion placeholder;
+    q_only.k_region = q_only.v_region = placeholder;
+    if (absl::Status s = ValidateTensors(q_only, dtype, want_q, want_kv); !s.ok()) return s;
+  } else if (absl::Status s = ValidateTensors(input, dtype, want_q, want_kv); !s.ok()) {
+    return s;
+  }
   if (input.lse_region && !input.o_region) {
     return absl::InvalidArgumentError("input: lse_region needs o_region");
   }
@@ -89,6 +103,13 @@ absl::StatusOr<v1::AttendHeader> BuildAttendHeader(const AttendInput& input) {
   header.set_q_heads(shape.q_heads);
   header.set_kv_heads(shape.kv_heads);
   header.set_head_dim(shape.head_dim);
+  if (input.context.empty() && shape.kv_len() != shape.tokens) {
+    header.set_kv_tokens(shape.kv_len());
+  }
+  if (input.q_offset) header.set_q_offset(*input.q_offset);
+  for (int64_t x : input.cu_seqlens_q) header.add_cu_seqlens_q(x);
+  for (int64_t x : input.cu_seqlens_k) header.add_cu_seqlens_k(x);
+  header.set_context(input.context);
   *header.mutable_spec() = input.spec;
   header.set_placement(input.placement);
   header.set_return_lse(input.return_lse);

@@ -103,6 +103,15 @@ struct AttendInput {
   attnserve::v1::Placement placement = attnserve::v1::PLACEMENT_AUTO;
   std::string request_id;            // empty: the server makes one up
   int64_t response_chunk_bytes = 0;  // 0: the server's default
+  // Inference shapes (docs/DESIGN.md "The math"): k and v may have another token count than q
+  // (their dims say it; shape->kv_tokens when they come from regions); query row i sits at
+  // q_offset + i (unset: 0, or the context's last rows); packed sequences by cu_seqlens.
+  std::optional<int64_t> q_offset;
+  std::vector<int64_t> cu_seqlens_q, cu_seqlens_k;
+  // A context the server keeps (CreateContext/AppendContext): K and V are its rows, so k, v and
+  // their regions stay unset; batch 1, and its dtype, kv_heads and head_dim (give `shape` for
+  // kv_heads, since there is no k to read them from).
+  std::string context;
 };
 
 struct AttendResult {
@@ -164,6 +173,24 @@ class AttnClient {
   absl::StatusOr<attnserve::v1::UnregisterRegionResponse> UnregisterRegion(
       const std::string& name, const CallOptions& options = {});
   absl::StatusOr<attnserve::v1::ListRegionsResponse> ListRegions(const CallOptions& options = {});
+
+  // Contexts (attn_client_regions.cc), not retried (an append re-sent could add rows twice).
+  // ttl: 0 is the server's default. AppendContext streams k and v ([T, Hkv, D] or [1, T, Hkv, D],
+  // the context's dtype) in options().chunk_bytes chunks; with expect_tokens the server refuses
+  // (FAILED_PRECONDITION) unless the context holds exactly that many rows when it commits.
+  absl::StatusOr<attnserve::v1::ContextStatus> CreateContext(
+      const std::string& name, DType dtype, int64_t kv_heads, int64_t head_dim,
+      int64_t capacity_tokens = 0, absl::Duration ttl = absl::ZeroDuration(),
+      const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::ContextStatus> AppendContext(
+      const std::string& name, const HostTensor& k, const HostTensor& v,
+      std::optional<int64_t> expect_tokens = std::nullopt, const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::ContextStatus> GetContext(const std::string& name,
+                                                          const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::DeleteContextResponse> DeleteContext(
+      const std::string& name, const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::ListContextsResponse> ListContexts(
+      const CallOptions& options = {});
 
   const ClientOptions& options() const { return options_; }
 
