@@ -97,7 +97,7 @@ absl::Status Append(v1::AttentionService::Stub& stub, const std::string& name, i
 }
 
 struct CallFigures {
-  double wall_s = 0, kernel_s = 0, compute_s = 0;
+  double wall_s = 0, kernel_s = 0, compute_s = 0, receive_s = 0, queue_s = 0;
 };
 
 // One Attend: header (+ K/V when not against a context), Q, then the response drained.
@@ -120,6 +120,8 @@ absl::StatusOr<CallFigures> Attend(v1::AttentionService::Stub& stub, const v1::A
     if (r.has_header()) {
       f.kernel_s = r.header().kernel_seconds();
       f.compute_s = r.header().compute_seconds();
+      f.receive_s = r.header().receive_seconds();
+      f.queue_s = r.header().queue_seconds();
     }
   }
   ATTN_RETURN_IF_ERROR(FromGrpc(s->Finish(), "Attend"));
@@ -180,22 +182,32 @@ absl::Status Run() {
       v1::AttendHeader dh = h;
       dh.set_tokens(nq);
       dh.set_context(name);
-      std::vector<double> wall, kernel;
+      std::vector<double> wall, kernel, compute, receive, queue;
       for (int i = 0; i < absl::GetFlag(FLAGS_steps) + 3; ++i) {
         ATTN_ASSIGN_OR_RETURN(CallFigures f, Attend(*stub, dh, q, nullptr, nullptr));
         if (i >= 3) {
           wall.push_back(f.wall_s);
           kernel.push_back(f.kernel_s);
+          compute.push_back(f.compute_s);
+          receive.push_back(f.receive_s);
+          queue.push_back(f.queue_s);
         }
       }
+      // Where the time above the kernel goes: the server's receive, queue and compute (compute
+      // minus kernel: plan, launches and copies), and the rest (the wire both ways, the client).
       std::printf("decode Nq=%lld against %lld rows: end to end %.3f ms, kernel %.3f ms, "
-                  "difference %.3f ms (medians of %zu)\n",
+                  "difference %.3f ms (medians of %zu; server receive %.3f, queue %.3f, compute "
+                  "%.3f ms)\n",
                   static_cast<long long>(nq), static_cast<long long>(n), Median(wall) * 1e3,
-                  Median(kernel) * 1e3, (Median(wall) - Median(kernel)) * 1e3, wall.size());
+                  Median(kernel) * 1e3, (Median(wall) - Median(kernel)) * 1e3, wall.size(),
+                  Median(receive) * 1e3, Median(queue) * 1e3, Median(compute) * 1e3);
       steps.Push(Json::Object()
                      .Set("q_len", nq)
                      .Set("end_to_end_s", Median(wall))
                      .Set("kernel_s", Median(kernel))
+                     .Set("compute_s", Median(compute))
+                     .Set("receive_s", Median(receive))
+                     .Set("queue_s", Median(queue))
                      .Set("end_to_end_s_all", Json::ArrayOf(wall)));
     }
     out.Set("context_tokens", n).Set("append_s", append_s).Set("decode", steps);

@@ -15,6 +15,7 @@
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/cuda_attention_rect.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/flash_decode/flash_decode.h"
 #include "core/cuda/device_upload.h"
 #include "core/cuda/pinned_host_pool.h"
 #include "core/cuda/flash_fwd/flash_fwd_head_dims.h"
@@ -479,6 +480,8 @@ int64_t CudaAttentionPlan::EstimateBytes(const AttentionSpec& spec, const Attent
   if (!IsSquare(spec, shape)) {
     // Rectangular CSRs (core/spec/rect_pattern.h): the kept tiles of the query rows.
     bytes += CsrBytes(nb, NumBlocks(n, kEstimateBlockSize) * std::min<int64_t>(nb, 64));
+    // The split-KV decode pieces' partial results (cuda_attention_rect.cc).
+    bytes += FlashDecodeWorkspaceBound(d);
   } else if (std::holds_alternative<DenseSpec>(spec.pattern)) {
     bytes += nb * 4;
   } else if (!std::holds_alternative<DilatedSpec>(spec.pattern)) {

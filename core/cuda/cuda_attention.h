@@ -102,10 +102,13 @@ class CudaAttentionPlan {
   static int64_t EstimateBytes(const AttentionSpec& spec, const AttentionShape& shape,
                                DType dtype);
 
+  // A request that is not square: its uploaded pieces (cuda_attention_rect.h; internal to
+  // core/cuda, named here so that the rect path's helpers can take its pieces).
+  struct Rect;
+
  private:
   struct Layout;   // an uploaded CSR (or implicit dense)
   struct Dilated;  // per branch and head group: strided segment runs
-  struct Rect;     // a request that is not square: one uploaded RectLayout per piece
   CudaAttentionPlan() = default;
   absl::Status BuildDilated(const AttentionSpec& spec, const CompiledPattern& compiled,
                             int32_t block_size);

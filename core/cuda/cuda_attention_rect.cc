@@ -9,17 +9,23 @@
 //     form a square causal diagonal (the kernel's implicit causal layout), and queries past the
 //     last key see every key from the first query's position on (implicit dense). Those pieces
 //     overlap on query rows, so they LSE-merge into an f32 accumulator.
+// Spans with few query rows per KV head (decode steps: q_len * Hq / Hkv <= 64) of dense and window
+// specs run instead as one split-KV decode piece each (core/cuda/flash_decode: the keys cut over
+// enough CTAs to fill the GPU, the query heads of a KV head packed so each K/V byte is read once),
+// which writes its rows' O and LSE itself (into the f32 accumulator when there is one).
 // Rows no piece covers (no admissible key) keep O = 0 and LSE = -inf from the fill before the
 // launches.
+#include "core/cuda/cuda_attention_rect.h"
+
 #include <cmath>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/attention_ops.h"
-#include "core/cuda/cuda_attention_rect.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/device_upload.h"
+#include "core/cuda/flash_decode/flash_decode.h"
 #include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
 #include "core/spec/rect_pattern.h"
 #include "core/util/status_macros.h"
@@ -57,16 +63,94 @@ double DensePieces(const QuerySpan& span, bool causal, std::vector<DensePiece>* 
          static_cast<double>(L - m) * dm;
 }
 
+// The decode problem of a split-KV piece, with the tensors of the whole request at its rows.
+FlashDecodeProblem DecodeProblem(const CudaAttentionPlan::Rect::Piece& p,
+                                 const AttentionShape& shape, DType dtype, float scale) {
+  FlashDecodeProblem d;
+  d.tensors.shape = shape;  // tokens = Nq: the batch and LSE row pitch of q, o and lse
+  d.tensors.kv_tokens = shape.kv_len();
+  d.tensors.dtype = dtype;
+  d.q_len = p.q_len;
+  d.kv_len = p.k_len;
+  d.q_pos = p.q_pos;
+  d.k_pos = p.k_pos;
+  d.causal = p.rule_causal;
+  d.window = p.rule_window;
+  d.scale = scale;
+  return d;
+}
+
+// One split-KV decode piece: q/k/v/o/lse are the request's tensors (o: the output, or the f32
+// accumulator when `o_f32`); the split workspace comes from `alloc`.
+absl::Status RunDecodePiece(const CudaAttentionPlan::Rect::Piece& p, const AttentionShape& shape,
+                            DType dtype, float scale, bool o_f32, int forced_splits,
+                            CachingAllocator& alloc, const void* q, const void* k, const void* v,
+                            void* o, float* lse, cudaStream_t stream) {
+  const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
+  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t o_es = o_f32 ? 4 : es;
+  FlashDecodeProblem problem = DecodeProblem(p, shape, dtype, scale);
+  problem.tensors.q = static_cast<const char*>(q) + p.q_row * hq * d * es;
+  problem.tensors.k = static_cast<const char*>(k) + p.k_row * hkv * d * es;
+  problem.tensors.v = static_cast<const char*>(v) + p.k_row * hkv * d * es;
+  problem.tensors.o = static_cast<char*>(o) + p.q_row * hq * d * o_es;
+  problem.tensors.lse = lse + p.q_row;
+  problem.o_f32 = o_f32;
+  FlashDecodeParams params = BuildFlashDecodeParams(problem);
+  if (FlashDecodeEmpty(params)) return absl::OkStatus();  // O = 0, LSE = -inf from the fill
+  ATTN_RETURN_IF_ERROR(PlanFlashDecodeSplits(&params, forced_splits));
+  DeviceBuffer partial;
+  if (const int64_t bytes = FlashDecodeWorkspaceBytes(params); bytes > 0) {
+    ATTN_ASSIGN_OR_RETURN(partial, DeviceBuffer::Create(alloc, static_cast<size_t>(bytes)));
+    // [o_partial (slots x D) | lse_partial (slots)]
+    const int64_t slots = bytes / (int64_t{params.head_dim} * 4 + 4);
+    params.o_partial = partial.as<float>();
+    params.lse_partial = params.o_partial + slots * params.head_dim;
+  }
+  // The workspace goes back to the allocator stream-ordered, after the launches.
+  return RunFlashDecode(params, stream);
+}
+
 }  // namespace
 
 absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const CompileOptions& options,
                                           cudaStream_t stream) {
   auto rect = std::make_unique<Rect>();
   const bool dense = std::holds_alternative<DenseSpec>(spec.pattern);
-  rect->accumulate = dense && spec.causal;
+  const auto* window = std::get_if<WindowSpec>(&spec.pattern);
+  const int64_t group = shape_.q_heads / shape_.kv_heads;
+  const auto is_decode = [&](const QuerySpan& span) {
+    return (dense || window != nullptr) && kernel_options_.decode == DecodeKernel::kSplitKv &&
+           FlashDecodeSupports(shape_.head_dim, compute_dtype_, span.q_len, group);
+  };
   double pairs = 0, kept = 0, tiles = 0;
+  int64_t decoded_rows = 0;  // query rows of non-empty decode pieces
+  bool only_decode = true;
   for (const QuerySpan& span : RequestSpans(spec, shape_)) {
+    if (span.q_len > 0 && is_decode(span)) {
+      Rect::Piece p;
+      p.decode = true;
+      p.q_row = span.q_row;
+      p.q_pos = span.q_pos;
+      p.q_len = span.q_len;
+      p.k_row = span.k_row;
+      p.k_pos = 0;
+      p.k_len = span.k_len;
+      p.tile = options.block_size;
+      p.rule_causal = spec.causal;
+      p.rule_window = window != nullptr ? window->size : -1;
+      const FlashDecodeParams d =
+          BuildFlashDecodeParams(DecodeProblem(p, shape_, compute_dtype_, scale_));
+      pairs += static_cast<double>(FlashDecodeAdmittedPairs(d));
+      tiles += static_cast<double>(NumBlocks(span.k_len, options.block_size));
+      kept += static_cast<double>(NumBlocks(d.key_end - d.key_begin, options.block_size));
+      if (!FlashDecodeEmpty(d)) decoded_rows += span.q_len;
+      rect->pieces.push_back(std::move(p));
+      continue;
+    }
+    only_decode = false;
     if (dense) {
+      rect->accumulate = rect->accumulate || spec.causal;
       std::vector<DensePiece> parts;
       pairs += DensePieces(span, spec.causal, &parts);
       for (const DensePiece& d : parts) {
@@ -127,14 +211,15 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
       ATTN_ASSIGN_OR_RETURN(p.col_idx, UploadVector(*alloc_, l.col_idx, stream));
       ATTN_ASSIGN_OR_RETURN(p.mask, UploadVector(*alloc_, mask, stream));
       ATTN_ASSIGN_OR_RETURN(p.row_order, UploadVector(*alloc_, order, stream));
-      plan_bytes_ += static_cast<int64_t>(l.row_ptr.size() * 8 + l.col_idx.size() * 5 +
-                                          order.size() * 4);
+      plan_bytes_ +=
+          static_cast<int64_t>(l.row_ptr.size() * 8 + l.col_idx.size() * 5 + order.size() * 4);
       pairs += static_cast<double>(l.AdmittedPairs());
       kept += static_cast<double>(l.kept_tiles());
       tiles += static_cast<double>(l.num_q_tiles() * l.num_k_tiles());
       rect->pieces.push_back(std::move(p));
     }
   }
+  rect->fill_outputs = !(only_decode && decoded_rows == shape_.tokens);
   flops_ = 4.0 * static_cast<double>(shape_.batch * shape_.q_heads * shape_.head_dim) * pairs;
   sparsity_ = tiles > 0 ? 1.0 - kept / tiles : 0.0;
   rect_ = std::move(rect);
@@ -153,14 +238,23 @@ absl::Status CudaAttentionPlan::RunRect(const void* q, const void* k, const void
   if (rect_->accumulate) {
     ATTN_ASSIGN_OR_RETURN(acc, DeviceBuffer::Create(*alloc_, workspace_.o_acc_f32));
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc.get(), 0, static_cast<size_t>(o_elems * 4), stream));
-  } else {
+  } else if (rect_->fill_outputs) {
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o, 0, static_cast<size_t>(o_elems * es), stream));
   }
-  CUDA_RETURN_IF_ERROR(LaunchFillFloat(lse, -INFINITY, b * hq * nq, stream));
+  if (rect_->fill_outputs) {
+    CUDA_RETURN_IF_ERROR(LaunchFillFloat(lse, -INFINITY, b * hq * nq, stream));
+  }
   void* const o_base = rect_->accumulate ? acc.get() : o;
   const int64_t o_es = rect_->accumulate ? 4 : es;
   for (const Rect::Piece& p : rect_->pieces) {
     if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
+    if (p.decode) {
+      ATTN_RETURN_IF_ERROR(RunDecodePiece(p, shape_, compute_dtype_, scale_, rect_->accumulate,
+                                          kernel_options_.decode_splits, *alloc_, q, k, v, o_base,
+                                          lse, stream));
+      if (kernel != nullptr) *kernel = FlashKernel::kSplitKvDecode;
+      continue;
+    }
     FlashFwdTensors t;
     t.q = static_cast<const char*>(q) + p.q_row * hq * d * es;
     t.k = static_cast<const char*>(k) + p.k_row * hkv * d * es;

@@ -23,14 +23,21 @@ struct CudaAttentionPlan::Rect {
     int64_t k_pos = 0;  // its position
     int64_t k_len = 0;
     int32_t tile = 128;
+    // A split-KV decode piece (core/cuda/flash_decode): a whole dense or window span with few
+    // query rows per KV head; the rules are rule_causal and rule_window, no layout.
+    bool decode = false;
     bool rule_causal = false;
     int64_t rule_window = -1;
     DeviceBuffer row_ptr, col_idx, mask, row_order;
   };
   std::vector<Piece> pieces;
-  // Dense causal: several pieces cover each query row (the keys before its span's queries, then
+  // Dense causal spans that are not decode pieces: several pieces cover each query row (the keys before its span's queries, then
   // the diagonal), so they LSE-merge into an f32 accumulator (workspace o_acc_f32).
   bool accumulate = false;
+  // O = 0 and LSE = -inf written before the pieces run, for the rows no piece writes. Not needed
+  // when non-empty decode pieces cover every query row (each writes all of its rows itself): a
+  // decode step then launches its kernels only.
+  bool fill_outputs = true;
 };
 
 }  // namespace attnserve

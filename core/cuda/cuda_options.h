@@ -43,8 +43,17 @@ enum class Sm90Schedule { kSingleTile, kWarpSpecialized, kPersistent };
 //          position-major for the implicit dense/causal layouts (heavy rows first).
 enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 
+// Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
+// dense or window specs, not square):
+//   kSplitKv:  the flash_decode kernels (split over the keys, query heads of a KV head packed);
+//   kFlashFwd: the prefill kernels, one CTA per 64/128 query rows (for comparison).
+enum class DecodeKernel { kSplitKv, kFlashFwd };
+
 struct FlashKernelOptions {
   FlashKernelArch arch = FlashKernelArch::kAuto;
+  DecodeKernel decode = DecodeKernel::kSplitKv;
+  // > 0: the split-KV decode uses this many key splits (tests); 0: enough to fill the GPU.
+  int decode_splits = 0;
   Sm90Schedule sm90_schedule = Sm90Schedule::kPersistent;
   // > 0 caps the persistent grid (tests: many work items per CTA); 0: no cap.
   int persistent_max_ctas = 0;

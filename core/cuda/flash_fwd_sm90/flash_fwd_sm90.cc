@@ -62,6 +62,7 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       return p.block_size == 64 ? RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream)
                                 : RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
     case FlashKernel::kSm80:
+    case FlashKernel::kSplitKvDecode:
       break;
   }
   return cudaErrorInvalidValue;  // not an sm90 kernel: a caller bug
@@ -79,6 +80,8 @@ std::string_view FlashKernelName(FlashKernel kernel) {
       return "sm90v2";
     case FlashKernel::kSm90Persistent:
       return "sm90v3";
+    case FlashKernel::kSplitKvDecode:
+      return "decode";
   }
   return "sm80";
 }

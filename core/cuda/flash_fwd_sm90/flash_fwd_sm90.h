@@ -24,7 +24,15 @@ namespace attnserve {
 //                                   shared-memory stages (layout block 128 only)
 //   kSm90Persistent       "sm90v3"  the warp-specialized kernel on a persistent grid
 //                                   (layout block 128 only)
-enum class FlashKernel { kSm80, kSm90SingleTile, kSm90WarpSpecialized, kSm90Persistent };
+//   kSplitKvDecode        "decode"  flash_decode: a few query rows against many keys, split over
+//                                   the keys and merged by LSE (core/cuda/flash_decode)
+enum class FlashKernel {
+  kSm80,
+  kSm90SingleTile,
+  kSm90WarpSpecialized,
+  kSm90Persistent,
+  kSplitKvDecode
+};
 std::string_view FlashKernelName(FlashKernel kernel);
 
 // True when this build compiled the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES lists 90a).
