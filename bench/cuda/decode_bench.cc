@@ -42,6 +42,8 @@ ABSL_FLAG(std::string, q_lens, "1,4,16", "query rows per decode step (comma list
 ABSL_FLAG(int64_t, q_heads, 32, "query heads");
 ABSL_FLAG(int64_t, kv_heads, 8, "KV heads");
 ABSL_FLAG(int64_t, head_dim, 128, "head dim");
+ABSL_FLAG(std::string, splits_sweep, "",
+          "also time the decode kernel at these forced key-split counts (comma list; tuning)");
 ABSL_FLAG(int, iters, 20, "timed runs of each case (the median is reported)");
 ABSL_FLAG(std::string, json_out, "", "write the figures here as JSON");
 
@@ -164,6 +166,24 @@ absl::Status Run() {
                               return split->Run(q.get(), k.get(), v.get(), o1.get(),
                                                 lse.as<float>(), stream, nullptr, &ran);
                             }));
+      Json sweep = Json::Array();
+      if (!absl::GetFlag(FLAGS_splits_sweep).empty()) {
+        ATTN_ASSIGN_OR_RETURN(const std::vector<int64_t> counts,
+                              ParseList(absl::GetFlag(FLAGS_splits_sweep), "splits-sweep"));
+        for (const int64_t count : counts) {
+          CudaAttentionPlan::Options forced;
+          forced.kernel.decode_splits = static_cast<int>(count);
+          ATTN_ASSIGN_OR_RETURN(auto plan, CudaAttentionPlan::Create(spec, shape, dt, alloc, stream,
+                                                                     nullptr, forced));
+          ATTN_ASSIGN_OR_RETURN(const double t, TimeIt(iters, stream, [&] {
+                                  return plan->Run(q.get(), k.get(), v.get(), o1.get(),
+                                                   lse.as<float>(), stream);
+                                }));
+          std::printf("    Nq %lld, %lld splits: %.3f ms\n", static_cast<long long>(nq),
+                      static_cast<long long>(count), t * 1e3);
+          sweep.Push(Json::Object().Set("splits", count).Set("kernel_ms", t * 1e3));
+        }
+      }
       FlashKernel flash_ran = FlashKernel::kSm80;
       ATTN_ASSIGN_OR_RETURN(const double flash_s, TimeIt(std::min(iters, 5), stream, [&] {
                               return flash->Run(q.get(), k.get(), v.get(), o2.get(),
@@ -204,7 +224,8 @@ absl::Status Run() {
           .Set("prefill_kernel_ms", flash_s * 1e3)
           .Set("o_max_rel_diff_vs_prefill", rel)
           .Set("o_nonfinite", nonfinite)
-          .Set("check", ok ? "PASS" : "FAIL");
+          .Set("check", ok ? "PASS" : "FAIL")
+          .Set("splits_sweep", std::move(sweep));
       cases.Push(std::move(c));
     }
   }

@@ -308,11 +308,12 @@ void AddDeadlineAndCancelCases(std::vector<BadCase>& cases) {
     cases.push_back(std::move(c));
   }
   {
-    // 12 MiB of input (uploaded in tens of milliseconds in 256 KiB chunks) but ~69 GFLOP of
-    // dense work (seconds on the CPU backend): the deadline passes while the request is queued
-    // or computing, so the server must stop it and free its memory.
+    // 24 MiB of input (uploaded in tens of milliseconds in 256 KiB chunks) but ~275 GFLOP of
+    // dense work (seconds on the CPU backend even where its GEMMs reach 150+ GFLOP/s: 16384
+    // tokens, 69 GFLOP, once finished inside the deadline): the deadline passes while the request
+    // is queued or computing, so the server must stop it and free its memory.
     v1::AttendHeader h = GoodHeader();
-    h.set_tokens(16384);
+    h.set_tokens(32768);
     h.set_q_heads(1);
     h.set_head_dim(64);
     std::vector<v1::AttendRequest> m = {HeaderMsg(h)};

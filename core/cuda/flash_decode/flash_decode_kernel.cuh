@@ -57,150 +57,85 @@ __device__ __forceinline__ void StoreFinal(const FlashDecodeParams& p, int batch
   }
 }
 
+// Loads the query rows of `kv_head`, packed (row r: token r / kv_group, head
+// kv_head * kv_group + r % kv_group), into the swizzled (kRows, kHeadDim) tile; rows past `rows`
+// are zero-filled. Joins the caller's next cp.async commit group.
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kNThreads) FlashDecodeKernel(const FlashDecodeParams p) {
+__device__ __forceinline__ void LoadPackedQ(const FlashDecodeParams& p, uint32_t smem_q_addr,
+                                            int batch, int kv_head, int rows) {
   using Elem = typename Traits::Elem;
+  constexpr int kChunks = Traits::kChunksPerRow;
+  const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
+                       static_cast<int64_t>(kv_head) * p.kv_group * p.q_head_stride;
+  for (int idx = threadIdx.x; idx < Traits::kRows * kChunks; idx += Traits::kNThreads) {
+    const int r = idx / kChunks;
+    const int c = idx % kChunks;
+    const bool in = r < rows;
+    const int64_t offset =
+        in ? (r / p.kv_group) * p.q_row_stride + (r % p.kv_group) * p.q_head_stride : 0;
+    flash_fwd::CpAsync16(smem_q_addr + flash_fwd::SwizzledOffset<kChunks>(r, c) * 2,
+                         q_base + offset + c * 8, in ? 16 : 0);
+  }
+}
+
+// The key rows packed row r admits, inclusive: [lo, hi] (empty when lo > hi, as for a padding row
+// r >= rows).
+__device__ __forceinline__ void RowKeyBounds(const FlashDecodeParams& p, int r, int rows,
+                                             int64_t& lo, int64_t& hi) {
+  if (r >= rows) {
+    lo = 1;
+    hi = 0;
+    return;
+  }
+  const int64_t qk = p.q_pos_offset + r / p.kv_group - p.k_pos_offset;  // query pos - key pos 0
+  lo = 0;
+  hi = p.kv_len - 1;
+  if (p.window >= 0) lo = max(lo, qk - p.window);
+  if (p.causal) {
+    hi = min(hi, qk);
+  } else if (p.window >= 0) {
+    hi = min(hi, qk + p.window);
+  }
+}
+
+// -inf for the scores of keys a row does not admit or past the split: a (16, kSubN) warp tile
+// starting at key ks; this thread's rows are g and g + 8 (bounds row_lo/hi), columns 2t, 2t + 1.
+template <typename Traits>
+__device__ __forceinline__ void MaskScores(typename flash_fwd::WarpTile<Traits>::Scores& s,
+                                           int64_t ks, int64_t split_end,
+                                           const int64_t (&row_lo)[2], const int64_t (&row_hi)[2],
+                                           int t) {
+#pragma unroll
+  for (int i = 0; i < flash_fwd::WarpTile<Traits>::kNTilesS; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t key = ks + i * 8 + 2 * t + (j & 1);
+      const int h = j >> 1;
+      const bool ok = (key < split_end) & (key >= row_lo[h]) & (key <= row_hi[h]);
+      if (!ok) s[0][i][j] = -INFINITY;
+    }
+  }
+}
+
+// After the key loop: merges the kWarpsN key slices of every row by LSE through shared memory
+// (`smem`, the free K/V stages), normalises, and stores O and LSE: the final outputs with one
+// split, else this split's f32 partials.
+template <typename Traits>
+__device__ __forceinline__ void MergeSlicesAndStore(
+    const FlashDecodeParams& p, const typename flash_fwd::WarpTile<Traits>::Out& acc_o,
+    const float (&row_max)[1][2], const float (&row_sum)[1][2], float* smem, int split, int kv_head,
+    int batch, int rows) {
   using W = flash_fwd::WarpTile<Traits>;
   constexpr int kD = Traits::kHeadDim;
-  constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kSubN = Traits::kSubN;
   constexpr int kRows = Traits::kRows;
   constexpr int kWarpsM = Traits::kWarpsM;
   constexpr int kWarpsN = Traits::kWarpsN;
-  constexpr int kChunks = Traits::kChunksPerRow;
-
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);  // (kRows, kD)
-  Elem* smem_kv = smem_q + Traits::kQTileElems;      // kStages x [K (kBlockN, kD), V (kBlockN, kD)]
-  const uint32_t smem_q_addr = flash_fwd::SmemAddr(smem_q);
-  const uint32_t smem_kv_addr = flash_fwd::SmemAddr(smem_kv);
-  constexpr uint32_t kStageBytes = 2u * Traits::kKVTileElems * sizeof(Elem);
-  constexpr uint32_t kVOffsetBytes = Traits::kKVTileElems * sizeof(Elem);
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;         // row within the 8-row half of the MMA tile
-  const int t = lane % 4;         // column pair within an n-tile
-  const int wm = warp % kWarpsM;  // the warp's 16-row tile
-  const int wn = warp / kWarpsM;  // the warp's key slice of every tile
-
-  const int split = static_cast<int>(blockIdx.x);
-  const int kv_head = static_cast<int>(blockIdx.y);
-  const int batch = static_cast<int>(blockIdx.z);
-  const int rows = p.q_len * p.kv_group;
-
-  const int64_t split_begin = p.key_begin + split * p.split_keys;
-  const int64_t split_end = min(split_begin + p.split_keys, p.key_end);
-  const int64_t num_tiles =
-      split_end > split_begin ? (split_end - split_begin + kBlockN - 1) / kBlockN : 0;
-
-  const Elem* k_base =
-      static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const Elem* v_base =
-      static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-
-  // Q rows of the KV head, packed; rows past `rows` are zero-filled.
-  {
-    const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
-                         static_cast<int64_t>(kv_head) * p.kv_group * p.q_head_stride;
-    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += Traits::kNThreads) {
-      const int r = idx / kChunks;
-      const int c = idx % kChunks;
-      const bool in = r < rows;
-      const Elem* src =
-          q_base +
-          (in ? (r / p.kv_group) * p.q_row_stride + (r % p.kv_group) * p.q_head_stride : 0) + c * 8;
-      flash_fwd::CpAsync16(smem_q_addr + flash_fwd::SwizzledOffset<kChunks>(r, c) * 2, src,
-                           in ? 16 : 0);
-    }
-  }
-  auto load_kv = [&](int64_t tile, int stage) {
-    const int64_t k0 = split_begin + tile * kBlockN;
-    const uint32_t base = smem_kv_addr + stage * kStageBytes;
-    flash_fwd::LoadTile<Traits, kBlockN>(base, k_base, p.k_row_stride, k0, split_end);
-    flash_fwd::LoadTile<Traits, kBlockN>(base + kVOffsetBytes, v_base, p.v_row_stride, k0,
-                                         split_end);
-  };
-  // Prologue: the first kStages - 1 key tiles, one commit group each (Q rides with tile 0).
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_kv(s, s);
-    flash_fwd::CpAsyncCommit();
-  }
-
-  // The key rows each of this thread's two rows (g and g + 8 of the warp's tile) admits,
-  // inclusive; a padding row admits none.
-  int64_t row_lo[2], row_hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = wm * 16 + g + h * 8;
-    if (r >= rows) {
-      row_lo[h] = 1;
-      row_hi[h] = 0;
-      continue;
-    }
-    const int64_t qk = p.q_pos_offset + r / p.kv_group - p.k_pos_offset;  // query pos - key pos 0
-    int64_t lo = 0, hi = p.kv_len - 1;
-    if (p.window >= 0) lo = max(lo, qk - p.window);
-    if (p.causal) {
-      hi = min(hi, qk);
-    } else if (p.window >= 0) {
-      hi = min(hi, qk + p.window);
-    }
-    row_lo[h] = lo;
-    row_hi[h] = hi;
-  }
-
-  typename W::Out acc_o;  // (16, kD) per warp, C-fragment layout
-  float row_max[1][2];    // running max of raw scores
-  float row_sum[1][2];    // this thread's share of the denominators
-  flash_fwd::ResetState<Traits>(acc_o, row_max, row_sum);
-  typename W::QFrags q_frag;
-
-  const int64_t full_end = min(p.full_end, split_end);
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    flash_fwd::CpAsyncWait<kStages - 2>();
-    __syncthreads();  // tile `tile` is visible to all; everyone is done with tile - 1's stage
-    {
-      const int64_t next = tile + kStages - 1;
-      if (next < num_tiles) load_kv(next, static_cast<int>(next % kStages));
-      flash_fwd::CpAsyncCommit();
-    }
-    if (tile == 0) flash_fwd::LoadQFrags<Traits>(q_frag, smem_q_addr, wm, lane);
-
-    const int64_t k0 = split_begin + tile * kBlockN;
-    const int64_t ks = k0 + wn * kSubN;  // the warp's first key
-    if (ks >= split_end) continue;
-    const int stage = static_cast<int>(tile % kStages);
-    const uint32_t k_addr = smem_kv_addr + stage * kStageBytes;
-    const uint32_t v_addr = k_addr + kVOffsetBytes;
-    const int srow0 = wn * kSubN;
-
-    typename W::Scores s;  // (16, kSubN)
-    flash_fwd::ComputeScores<Traits>(s, q_frag, smem_q_addr, k_addr, srow0, wm, lane);
-    if (ks < p.full_begin || ks + kSubN > full_end) {
-#pragma unroll
-      for (int i = 0; i < W::kNTilesS; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t key = ks + i * 8 + 2 * t + (j & 1);
-          const int h = j >> 1;
-          const bool ok = (key < split_end) & (key >= row_lo[h]) & (key <= row_hi[h]);
-          if (!ok) s[0][i][j] = -INFINITY;
-        }
-      }
-    }
-    flash_fwd::SoftmaxStep<Traits>(s, acc_o, row_max, row_sum, p.scale_log2);
-    flash_fwd::AccumulatePV<Traits>(acc_o, s, v_addr, srow0, lane);
-  }
-  flash_fwd::CpAsyncWait<0>();
-  __syncthreads();  // the stages are free: the epilogue reuses them
-
-  // Merge the kWarpsN key slices of every row by LSE (shared memory), then store.
-  float* sm_o = reinterpret_cast<float*>(smem_kv);  // [kNWarps][16][kD]: each warp's O
-  float* sm_m = sm_o + Traits::kNWarps * 16 * kD;   // [kWarpsN][kRows]: raw score max
-  float* sm_l = sm_m + kWarpsN * kRows;             // [kWarpsN][kRows]: denominator
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm = warp % kWarpsM, wn = warp / kWarpsM;
+  float* sm_o = smem;                              // [kNWarps][16][kD]: each warp's O
+  float* sm_m = sm_o + Traits::kNWarps * 16 * kD;  // [kWarpsN][kRows]: raw score max
+  float* sm_l = sm_m + kWarpsN * kRows;            // [kWarpsN][kRows]: denominator
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = row_sum[0][h];
@@ -244,12 +179,105 @@ __global__ void __launch_bounds__(Traits::kNThreads) FlashDecodeKernel(const Fla
     const float o = empty ? 0.f : acc / denom;
     const float lse = empty ? -INFINITY : mx * p.scale + logf(denom);
     if (p.num_splits == 1) {
-      StoreFinal<Elem>(p, batch, kv_head, r, d, o, lse);
+      StoreFinal<typename Traits::Elem>(p, batch, kv_head, r, d, o, lse);
     } else {
       p.o_partial[(slot * rows + r) * kD + d] = o;
       if (d == 0) p.lse_partial[slot * rows + r] = lse;
     }
   }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads) FlashDecodeKernel(const FlashDecodeParams p) {
+  using Elem = typename Traits::Elem;
+  using W = flash_fwd::WarpTile<Traits>;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kSubN = Traits::kSubN;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);  // (kRows, kHeadDim)
+  Elem* smem_kv = smem_q + Traits::kQTileElems;      // kStages x [K, V] (kBlockN, kHeadDim)
+  const uint32_t smem_q_addr = flash_fwd::SmemAddr(smem_q);
+  const uint32_t smem_kv_addr = flash_fwd::SmemAddr(smem_kv);
+  constexpr uint32_t kStageBytes = 2u * Traits::kKVTileElems * sizeof(Elem);
+  constexpr uint32_t kVOffsetBytes = Traits::kKVTileElems * sizeof(Elem);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;                 // row within the 8-row half of the MMA tile
+  const int t = lane % 4;                 // column pair within an n-tile
+  const int wm = warp % Traits::kWarpsM;  // the warp's 16-row tile
+  const int wn = warp / Traits::kWarpsM;  // the warp's key slice of every tile
+
+  const int split = static_cast<int>(blockIdx.x);
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const int batch = static_cast<int>(blockIdx.z);
+  const int rows = p.q_len * p.kv_group;
+
+  const int64_t split_begin = p.key_begin + split * p.split_keys;
+  const int64_t split_end = min(split_begin + p.split_keys, p.key_end);
+  const int64_t num_tiles =
+      split_end > split_begin ? (split_end - split_begin + kBlockN - 1) / kBlockN : 0;
+
+  const Elem* k_base =
+      static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const Elem* v_base =
+      static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  auto load_kv = [&](int64_t tile, int stage) {
+    const int64_t k0 = split_begin + tile * kBlockN;
+    const uint32_t base = smem_kv_addr + stage * kStageBytes;
+    flash_fwd::LoadTile<Traits, kBlockN>(base, k_base, p.k_row_stride, k0, split_end);
+    flash_fwd::LoadTile<Traits, kBlockN>(base + kVOffsetBytes, v_base, p.v_row_stride, k0,
+                                         split_end);
+  };
+  // Prologue: Q and the first kStages - 1 key tiles, one commit group each (Q rides with tile 0).
+  LoadPackedQ<Traits>(p, smem_q_addr, batch, kv_head, rows);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_kv(s, s);
+    flash_fwd::CpAsyncCommit();
+  }
+
+  int64_t row_lo[2], row_hi[2];  // this thread's rows: g and g + 8 of the warp's tile
+#pragma unroll
+  for (int h = 0; h < 2; ++h) RowKeyBounds(p, wm * 16 + g + h * 8, rows, row_lo[h], row_hi[h]);
+
+  typename W::Out acc_o;  // (16, kHeadDim) per warp, C-fragment layout
+  float row_max[1][2];    // running max of raw scores
+  float row_sum[1][2];    // this thread's share of the denominators
+  flash_fwd::ResetState<Traits>(acc_o, row_max, row_sum);
+  typename W::QFrags q_frag;
+
+  const int64_t full_end = min(p.full_end, split_end);
+  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+    flash_fwd::CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile `tile` is visible to all; everyone is done with tile - 1's stage
+    {
+      const int64_t next = tile + kStages - 1;
+      if (next < num_tiles) load_kv(next, static_cast<int>(next % kStages));
+      flash_fwd::CpAsyncCommit();
+    }
+    if (tile == 0) flash_fwd::LoadQFrags<Traits>(q_frag, smem_q_addr, wm, lane);
+
+    const int64_t ks = split_begin + tile * kBlockN + wn * kSubN;  // the warp's first key
+    if (ks >= split_end) continue;
+    const uint32_t k_addr = smem_kv_addr + static_cast<int>(tile % kStages) * kStageBytes;
+    const uint32_t v_addr = k_addr + kVOffsetBytes;
+    const int srow0 = wn * kSubN;
+
+    typename W::Scores s;  // (16, kSubN)
+    flash_fwd::ComputeScores<Traits>(s, q_frag, smem_q_addr, k_addr, srow0, wm, lane);
+    if (ks < p.full_begin || ks + kSubN > full_end) {
+      MaskScores<Traits>(s, ks, split_end, row_lo, row_hi, t);
+    }
+    flash_fwd::SoftmaxStep<Traits>(s, acc_o, row_max, row_sum, p.scale_log2);
+    flash_fwd::AccumulatePV<Traits>(acc_o, s, v_addr, srow0, lane);
+  }
+  flash_fwd::CpAsyncWait<0>();
+  __syncthreads();  // the stages are free: the epilogue reuses them
+  MergeSlicesAndStore<Traits>(p, acc_o, row_max, row_sum, reinterpret_cast<float*>(smem_kv), split,
+                              kv_head, batch, rows);
 }
 
 // Merges the splits of one packed row (blockIdx.x) of one (KV head, batch): L = log sum_s
