@@ -4,11 +4,11 @@
 // One CTA = one split of the admitted key range for one (KV head, batch). Its rows are every
 // query row that reads the KV head (kv_group heads x q_len tokens, packed: row r is token
 // r / kv_group, head kv_head * kv_group + r % kv_group), so the CTA reads each K/V byte of its
-// split once. Four warps: warp (wm, wn) multiplies rows [16 wm, 16 wm + 16) against keys
+// split once. Four warps: warp (wm, wn) multiplies rows [wm, wm + 1) x kRowsPerWarp against keys
 // [kSubN wn, kSubN wn + kSubN) of each 64-key tile (flash_fwd's ComputeScores / SoftmaxStep /
-// AccumulatePV on a (16, kSubN) score tile), keeping its own online softmax; after the key loop
-// the key slices merge by LSE through shared memory. Masks compare global positions and are
-// evaluated only on tiles that are not admitted by every row (the ends of the range).
+// AccumulatePV on a (kRowsPerWarp, kSubN) score tile), keeping its own online softmax; after the
+// key loop the key slices merge by LSE through shared memory. Masks compare global positions and
+// are evaluated only on tiles that are not admitted by every row (the ends of the range).
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_DECODE_FLASH_DECODE_KERNEL_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_DECODE_FLASH_DECODE_KERNEL_CUH_
 
@@ -98,21 +98,29 @@ __device__ __forceinline__ void RowKeyBounds(const FlashDecodeParams& p, int r, 
   }
 }
 
-// -inf for the scores of keys a row does not admit or past the split: a (16, kSubN) warp tile
-// starting at key ks; this thread's rows are g and g + 8 (bounds row_lo/hi), columns 2t, 2t + 1.
+// -inf for the scores of keys a row does not admit or past the split: a (kRowsPerWarp, kSubN)
+// warp tile of the rows from row0 starting at key ks; this thread's rows are g and g + 8 of each
+// 16-row fragment, columns 2t, 2t + 1. The row bounds are computed here rather than kept in
+// registers for the whole loop: only the tiles at the ends of the range are masked.
 template <typename Traits>
 __device__ __forceinline__ void MaskScores(typename flash_fwd::WarpTile<Traits>::Scores& s,
-                                           int64_t ks, int64_t split_end,
-                                           const int64_t (&row_lo)[2], const int64_t (&row_hi)[2],
-                                           int t) {
+                                           const FlashDecodeParams& p, int64_t ks,
+                                           int64_t split_end, int row0, int rows, int g, int t) {
 #pragma unroll
-  for (int i = 0; i < flash_fwd::WarpTile<Traits>::kNTilesS; ++i) {
+  for (int f = 0; f < Traits::kMFrags; ++f) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t key = ks + i * 8 + 2 * t + (j & 1);
-      const int h = j >> 1;
-      const bool ok = (key < split_end) & (key >= row_lo[h]) & (key <= row_hi[h]);
-      if (!ok) s[0][i][j] = -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      int64_t lo, hi;
+      RowKeyBounds(p, row0 + f * 16 + g + h * 8, rows, lo, hi);
+      hi = min(hi, split_end - 1);
+#pragma unroll
+      for (int i = 0; i < flash_fwd::WarpTile<Traits>::kNTilesS; ++i) {
+#pragma unroll
+        for (int j = 2 * h; j < 2 * h + 2; ++j) {
+          const int64_t key = ks + i * 8 + 2 * t + (j & 1);
+          if (!((key >= lo) & (key <= hi))) s[f][i][j] = -INFINITY;
+        }
+      }
     }
   }
 }
@@ -123,36 +131,38 @@ __device__ __forceinline__ void MaskScores(typename flash_fwd::WarpTile<Traits>:
 template <typename Traits>
 __device__ __forceinline__ void MergeSlicesAndStore(
     const FlashDecodeParams& p, const typename flash_fwd::WarpTile<Traits>::Out& acc_o,
-    const float (&row_max)[1][2], const float (&row_sum)[1][2], float* smem, int split, int kv_head,
-    int batch, int rows) {
+    const float (&row_max)[Traits::kMFrags][2], const float (&row_sum)[Traits::kMFrags][2],
+    float* smem, int split, int kv_head, int batch, int rows) {
   using W = flash_fwd::WarpTile<Traits>;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kRows = Traits::kRows;
+  constexpr int kRowsPerWarp = Traits::kRowsPerWarp;
   constexpr int kWarpsM = Traits::kWarpsM;
   constexpr int kWarpsN = Traits::kWarpsN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int wm = warp % kWarpsM, wn = warp / kWarpsM;
-  float* sm_o = smem;                              // [kNWarps][16][kD]: each warp's O
-  float* sm_m = sm_o + Traits::kNWarps * 16 * kD;  // [kWarpsN][kRows]: raw score max
-  float* sm_l = sm_m + kWarpsN * kRows;            // [kWarpsN][kRows]: denominator
+  float* sm_o = smem;                                        // [kNWarps][kRowsPerWarp][kD]
+  float* sm_m = sm_o + Traits::kNWarps * kRowsPerWarp * kD;  // [kWarpsN][kRows]: raw score max
+  float* sm_l = sm_m + kWarpsN * kRows;                      // [kWarpsN][kRows]: denominator
+  float* slab = sm_o + warp * kRowsPerWarp * kD;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = row_sum[0][h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (t == 0) {
-      sm_m[wn * kRows + wm * 16 + g + h * 8] = row_max[0][h];
-      sm_l[wn * kRows + wm * 16 + g + h * 8] = l;
-    }
-  }
-  float* slab = sm_o + warp * 16 * kD;
-#pragma unroll
-  for (int i = 0; i < W::kNTilesO; ++i) {
+  for (int f = 0; f < Traits::kMFrags; ++f) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      *reinterpret_cast<float2*>(slab + (g + h * 8) * kD + i * 8 + 2 * t) =
-          make_float2(acc_o[0][i][2 * h], acc_o[0][i][2 * h + 1]);
+      const int row = f * 16 + g + h * 8;  // within the warp's rows
+      float l = row_sum[f][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (t == 0) {
+        sm_m[wn * kRows + wm * kRowsPerWarp + row] = row_max[f][h];
+        sm_l[wn * kRows + wm * kRowsPerWarp + row] = l;
+      }
+#pragma unroll
+      for (int i = 0; i < W::kNTilesO; ++i) {
+        *reinterpret_cast<float2*>(slab + row * kD + i * 8 + 2 * t) =
+            make_float2(acc_o[f][i][2 * h], acc_o[f][i][2 * h + 1]);
+      }
     }
   }
   __syncthreads();
@@ -172,7 +182,8 @@ __device__ __forceinline__ void MergeSlicesAndStore(
         const float mw = sm_m[w * kRows + r];
         const float a = mw == -INFINITY ? 0.f : flash_fwd::Exp2((mw - mx) * p.scale_log2);
         denom += a * sm_l[w * kRows + r];
-        acc += a * sm_o[((w * kWarpsM + r / 16) * 16 + r % 16) * kD + d];
+        acc +=
+            a * sm_o[((w * kWarpsM + r / kRowsPerWarp) * kRowsPerWarp + r % kRowsPerWarp) * kD + d];
       }
     }
     const bool empty = !(denom > 0.f);  // also catches NaN
@@ -207,7 +218,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) FlashDecodeKernel(const Fla
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;                 // row within the 8-row half of the MMA tile
   const int t = lane % 4;                 // column pair within an n-tile
-  const int wm = warp % Traits::kWarpsM;  // the warp's 16-row tile
+  const int wm = warp % Traits::kWarpsM;  // the warp's rows: [wm, wm + 1) x kRowsPerWarp
   const int wn = warp / Traits::kWarpsM;  // the warp's key slice of every tile
 
   const int split = static_cast<int>(blockIdx.x);
@@ -239,13 +250,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) FlashDecodeKernel(const Fla
     flash_fwd::CpAsyncCommit();
   }
 
-  int64_t row_lo[2], row_hi[2];  // this thread's rows: g and g + 8 of the warp's tile
-#pragma unroll
-  for (int h = 0; h < 2; ++h) RowKeyBounds(p, wm * 16 + g + h * 8, rows, row_lo[h], row_hi[h]);
-
-  typename W::Out acc_o;  // (16, kHeadDim) per warp, C-fragment layout
-  float row_max[1][2];    // running max of raw scores
-  float row_sum[1][2];    // this thread's share of the denominators
+  constexpr int kMFrags = Traits::kMFrags;
+  typename W::Out acc_o;      // (kRowsPerWarp, kHeadDim) per warp, C-fragment layout
+  float row_max[kMFrags][2];  // running max of raw scores
+  float row_sum[kMFrags][2];  // this thread's share of the denominators
   flash_fwd::ResetState<Traits>(acc_o, row_max, row_sum);
   typename W::QFrags q_frag;
 
@@ -266,10 +274,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) FlashDecodeKernel(const Fla
     const uint32_t v_addr = k_addr + kVOffsetBytes;
     const int srow0 = wn * kSubN;
 
-    typename W::Scores s;  // (16, kSubN)
+    typename W::Scores s;  // (kRowsPerWarp, kSubN)
     flash_fwd::ComputeScores<Traits>(s, q_frag, smem_q_addr, k_addr, srow0, wm, lane);
     if (ks < p.full_begin || ks + kSubN > full_end) {
-      MaskScores<Traits>(s, ks, split_end, row_lo, row_hi, t);
+      MaskScores<Traits>(s, p, ks, split_end, wm * Traits::kRowsPerWarp, rows, g, t);
     }
     flash_fwd::SoftmaxStep<Traits>(s, acc_o, row_max, row_sum, p.scale_log2);
     flash_fwd::AccumulatePV<Traits>(acc_o, s, v_addr, srow0, lane);

@@ -14,13 +14,19 @@ struct FlashDecodeTraits {
   static_assert(kMTiles == 1 || kMTiles == 2 || kMTiles == 4, "16, 32 or 64 packed rows");
   static constexpr int kRows = kMTiles * 16;
 
-  // Four warps. They split the CTA's rows into kMTiles tiles of 16 and each K/V tile's keys into
-  // kWarpsN slices: with 16 rows (decode of one token, GQA 4) every warp still has keys to
-  // multiply, and a warp's O accumulator stays 16 x kHeadDim (64 f32 registers at D=128) whatever
-  // the row count. The slices merge by LSE in shared memory after the key loop.
+  // Four warps. They split the CTA's rows into kWarpsM tiles of kRowsPerWarp and each K/V tile's
+  // keys into kWarpsN slices: with 16 rows (decode of one token, GQA 4) every warp still has keys
+  // to multiply. The slices merge by LSE in shared memory after the key loop. One 16-row MMA
+  // fragment per warp (kMFrags = 1): two per warp for 64 rows (2 x 2 warps, every K/V fragment read
+  // from shared memory feeding both, Q then re-read from shared memory for lack of registers) was
+  // measured slower on an H200 (128K keys, 16 tokens x GQA 4: 0.179 vs 0.170 ms; 1M: 1.20-1.22 vs
+  // 1.05-1.11 ms; bench/results/h200-2026-11-25-decode/tuning.md), so the code keeps kMFrags
+  // general but uses 1.
   static constexpr int kNWarps = 4;
   static constexpr int kNThreads = kNWarps * 32;
-  static constexpr int kWarpsM = kMTiles;
+  static constexpr int kMFrags = 1;
+  static constexpr int kRowsPerWarp = 16 * kMFrags;
+  static constexpr int kWarpsM = kMTiles / kMFrags;
   static constexpr int kWarpsN = kNWarps / kWarpsM;
 
   // Key tile of 64 rows per pipeline stage (K and V: 32 KB at D=128); a warp's slice is kSubN keys.
@@ -34,10 +40,10 @@ struct FlashDecodeTraits {
   static constexpr int kStages = kHeadDim == 64 ? 4 : 3;
 
   // The flash_fwd helpers this family reuses (ComputeScores, SoftmaxStep, AccumulatePV,
-  // LoadTile) read these names: one 16-row fragment per warp, Q kept in registers.
-  static constexpr int kMFrags = 1;
-  static constexpr int kRowsPerWarp = 16;
-  static constexpr bool kQInRegs = true;
+  // LoadTile) also read kMFrags and kRowsPerWarp above, and whether Q stays in registers: with one
+  // fragment (32 registers at D=128) it does; with two, the O accumulators (128 registers) would
+  // leave no room for 64 more.
+  static constexpr bool kQInRegs = kMFrags == 1;
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks of a row (XOR swizzle)
 
   static constexpr int kQTileElems = kRows * kHeadDim;     // (kRows, kHeadDim)
