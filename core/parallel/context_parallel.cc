@@ -215,8 +215,18 @@ class ContextParallelStrategy final : public GroupStrategy {
 
 }  // namespace
 
-std::unique_ptr<GroupStrategy> MakeContextParallelStrategy(AttentionRequest& request, int ranks) {
+std::unique_ptr<GroupStrategy> MakeContextParallelHostStrategy(AttentionRequest& request,
+                                                               int ranks) {
   return std::make_unique<ContextParallelStrategy>(request, ranks);
+}
+
+std::unique_ptr<GroupStrategy> MakeContextParallelStrategy(AttentionRequest& request,
+                                                           std::vector<Device*> devices,
+                                                           const GroupEnv& env) {
+  if (!devices.empty() && devices.front()->kind() == BackendKind::kCuda) {
+    return MakeContextParallelGpuStrategy(request, std::move(devices), env);
+  }
+  return MakeContextParallelHostStrategy(request, static_cast<int>(devices.size()));
 }
 
 }  // namespace attnserve

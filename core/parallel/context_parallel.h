@@ -64,10 +64,22 @@ class KeyShardMerger {
 };
 
 // The group strategy of Placement::kContextParallel (group_run.h): rank r runs the r-th shard in
-// ascending device order (the scheduler's rank order) on its own device: Device::Run on host
-// views of the shard's rows (CPU devices), Device::RunWithDeviceIo on the rows in place (GPUs).
-// The partials merge on the host in shard order once every rank has finished.
-std::unique_ptr<GroupStrategy> MakeContextParallelStrategy(AttentionRequest& request, int ranks);
+// ascending device order (the scheduler's rank order) on its own device. On GPUs with NCCL
+// (context_parallel_cuda.cc) each rank computes its partial in place and sends it over the
+// group's NCCL communicator to the rank holding the context's first rows, which merges on its
+// GPU. Otherwise (CPU devices; GPU builds without NCCL) each rank runs Device::Run on host views
+// of its rows (CPU) or Device::RunWithDeviceIo on the rows in place (GPU), and the partials merge
+// on the host in shard order once every rank has finished.
+std::unique_ptr<GroupStrategy> MakeContextParallelStrategy(AttentionRequest& request,
+                                                           std::vector<Device*> devices,
+                                                           const GroupEnv& env);
+// The GPU + NCCL strategy; in builds without it, the host-merge strategy above.
+std::unique_ptr<GroupStrategy> MakeContextParallelGpuStrategy(AttentionRequest& request,
+                                                              std::vector<Device*> devices,
+                                                              const GroupEnv& env);
+// The host-merge strategy on any device kind.
+std::unique_ptr<GroupStrategy> MakeContextParallelHostStrategy(AttentionRequest& request,
+                                                               int ranks);
 
 }  // namespace attnserve
 

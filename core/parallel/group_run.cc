@@ -242,7 +242,7 @@ GroupRun::GroupRun(Placement placement, std::shared_ptr<AttentionRequest> reques
       figures_(devices_.size()) {
   const int ranks = static_cast<int>(devices_.size());
   if (placement_ == Placement::kContextParallel) {
-    strategy_ = MakeContextParallelStrategy(*request_, ranks);
+    strategy_ = MakeContextParallelStrategy(*request_, devices_, env_);
   } else if (placement_ == Placement::kSingle || ranks == 1) {
     strategy_ = MakeSingleStrategy(*request_);
   } else if (placement_ == Placement::kDataParallel) {
