@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/cuda/cuda_device.h"
+#include "core/parallel/context_parallel.h"
 #include "core/reference/reference.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -25,6 +26,7 @@
 #include "server/grpc/service.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "tests/testing/attention_test_util.h"
 #include "tests/testing/gpu_test_util.h"
 #include "wire/convert.h"
 
@@ -193,6 +195,71 @@ class ShardedContextGpuTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
+
+// Rows [begin, begin + n) of a [1, N, H, D] tensor, as a tensor of their own.
+HostTensor RowsOf(const HostTensor& t, int64_t begin, int64_t n) {
+  HostTensor out = *HostTensor::Create(t.dtype(), {1, n, t.dim(2), t.dim(3)});
+  const int64_t row = t.dim(2) * t.dim(3) * static_cast<int64_t>(DTypeSize(t.dtype()));
+  std::memcpy(out.data(), t.data() + begin * row, static_cast<size_t>(n * row));
+  return out;
+}
+
+// One GPU: each shard's request (PlanKeyShard: the query rows that may see the shard, positions
+// shifted) through the CUDA plan, merged by LSE on the host, equals the whole request's
+// reference. This is what every GPU of a sharded context computes.
+TEST(KeyShardGpuTest, ShardPartialsOnOneGpuMergeToReference) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = testing::FreshSeed();
+  const struct {
+    AttentionShape shape;
+    int64_t q_offset;
+    std::vector<int64_t> cuts;
+  } cases[] = {{{1, 1, 16, 2, 128, 3000}, 2999, {1100}},
+               {{1, 4, 8, 8, 64, 3000}, 2996, {700, 1800}},
+               {{1, 64, 8, 2, 128, 2000}, 960, {1000}},
+               {{1, 40, 4, 2, 64, 1000}, 1000, {500}}};
+  const std::vector<std::pair<AttentionPattern, bool>> specs = {
+      {DenseSpec{}, true}, {DenseSpec{}, false}, {WindowSpec{300}, true}};
+  for (const auto& c : cases) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      const testing::QkvInputs in = testing::MakeRandomInputs(c.shape, dtype, seed);
+      for (const auto& [pattern, causal] : specs) {
+        AttentionSpec spec = testing::SpecOf(pattern, causal);
+        spec.q_offset = c.q_offset;
+        SCOPED_TRACE(absl::StrCat(std::string(PatternName(spec.pattern)), causal ? " causal" : "",
+                                  " nq=", c.shape.tokens, " ", std::string(DTypeName(dtype)),
+                                  " seed=", seed));
+        auto whole = ReferenceAttention(spec, in.q, in.k, in.v);
+        ASSERT_TRUE(whole.ok()) << whole.status();
+        auto merger = KeyShardMerger::Create(c.shape);
+        ASSERT_TRUE(merger.ok());
+        std::vector<int64_t> bounds = {0};
+        bounds.insert(bounds.end(), c.cuts.begin(), c.cuts.end());
+        bounds.push_back(c.shape.kv_len());
+        for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+          auto plan = PlanKeyShard(spec, c.shape, bounds[s], bounds[s + 1] - bounds[s]);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          if (plan->q_rows == 0) continue;
+          const HostTensor q = RowsOf(in.q, plan->q_row0, plan->q_rows);
+          const HostTensor k = RowsOf(in.k, bounds[s], bounds[s + 1] - bounds[s]);
+          const HostTensor v = RowsOf(in.v, bounds[s], bounds[s + 1] - bounds[s]);
+          auto part = testing::RunPlanOnGpu(plan->spec, q, k, v);
+          ASSERT_TRUE(part.ok()) << "shard " << s << ": " << part.status();
+          ASSERT_TRUE(
+              (*merger)
+                  ->Merge(plan->q_row0, AttentionOutputs{std::move(part->o), std::move(part->lse)})
+                  .ok());
+        }
+        auto merged = (*merger)->Finish(dtype, nullptr);
+        ASSERT_TRUE(merged.ok());
+        const ErrorStats e = CompareToReference(*whole, merged->o, &merged->lse);
+        EXPECT_EQ(e.nonfinite, 0);
+        EXPECT_LE(e.o_rel, ReferenceOTolerance(DType::kBF16));  // computed in bf16 on GPUs
+        EXPECT_LE(e.lse_max_abs, 1e-3);
+      }
+    }
+  }
+}
 
 TEST_F(ShardedContextGpuTest, DecodeEqualsOneGpuAndReference) {
   v1::ContextStatus st;
