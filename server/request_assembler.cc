@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 #include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -160,6 +161,7 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   spec.cu_seqlens_q.assign(header.cu_seqlens_q().begin(), header.cu_seqlens_q().end());
   spec.cu_seqlens_k.assign(header.cu_seqlens_k().begin(), header.cu_seqlens_k().end());
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
+  ATTN_RETURN_IF_ERROR(CheckShardedAttend(header, spec));
 
   std::array<HostTensor, 3> tensors;
   std::array<bool, 3> from_region{};
@@ -298,6 +300,8 @@ DeviceTensorView RequestAssembler::InPlaceView(const RegionSlice& slice, DType d
   std::byte* base = region.device_data();
   const int device = region.device();
   if (base == nullptr) return DeviceTensorView();
+  // A context split over devices runs on several GPUs: its Q and outputs go through host memory.
+  if (context_ && context_->sharded()) return DeviceTensorView();
   const bool ours = std::find(options_.in_place_cuda_ordinals.begin(),
                               options_.in_place_cuda_ordinals.end(),
                               device) != options_.in_place_cuda_ordinals.end();
@@ -449,6 +453,34 @@ absl::Status RequestAssembler::ContextTensors(const AttentionShape& shape,
   const size_t bytes = static_cast<size_t>(shape.kv_len() * shape.kv_heads * shape.head_dim) *
                        DTypeSize(c.dtype);
   std::byte* data[2] = {c.k_data, c.v_data};
+  if (c.sharded()) {
+    // Every shard's rows where the context keeps them; the request runs on all their devices.
+    for (const ContextShardView& s : c.shards) {
+      KeyShard shard;
+      shard.device = s.device_index;
+      shard.start = s.start;
+      shard.rows = s.tokens;
+      const std::vector<int64_t> shard_dims = {1, s.tokens, shape.kv_heads, shape.head_dim};
+      const size_t shard_bytes =
+          static_cast<size_t>(s.tokens * shape.kv_heads * shape.head_dim) * DTypeSize(c.dtype);
+      if (!s.on_device) {
+        ATTN_ASSIGN_OR_RETURN(shard.k,
+                              HostTensor::Wrap(c.dtype, shard_dims, s.k_data, shard_bytes, c.hold));
+        ATTN_ASSIGN_OR_RETURN(shard.v,
+                              HostTensor::Wrap(c.dtype, shard_dims, s.v_data, shard_bytes, c.hold));
+      } else {
+        for (auto [view, ptr] : {std::pair{&shard.k_dev, s.k_data}, {&shard.v_dev, s.v_data}}) {
+          view->data = ptr;
+          view->cuda_ordinal = s.cuda_ordinal;
+          view->dtype = c.dtype;
+          view->dims = shard_dims;
+          view->owner = c.hold;
+        }
+      }
+      key_shards_.push_back(std::move(shard));
+    }
+    return absl::OkStatus();
+  }
   if (!c.on_device) {
     for (int i = 0; i < 2; ++i) {
       ATTN_ASSIGN_OR_RETURN((*tensors)[i + 1],
@@ -466,6 +498,38 @@ absl::Status RequestAssembler::ContextTensors(const AttentionShape& shape,
     slots[i]->dtype = c.dtype;
     slots[i]->dims = dims;
     slots[i]->owner = c.hold;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestAssembler::CheckShardedAttend(const v1::AttendHeader& header,
+                                                  const AttentionSpec& spec) const {
+  const bool sharded = context_ && context_->sharded();
+  if (!sharded) {
+    if (header.placement() == v1::PLACEMENT_CONTEXT_PARALLEL) {
+      return absl::InvalidArgumentError(
+          "header.placement: CONTEXT_PARALLEL runs attends against a context split over several "
+          "devices only");
+    }
+    return absl::OkStatus();
+  }
+  const std::string what = absl::StrCat("context '", header.context(), "' is split over ",
+                                        context_->shards.size(), " devices");
+  if (header.placement() != v1::PLACEMENT_AUTO &&
+      header.placement() != v1::PLACEMENT_CONTEXT_PARALLEL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header.placement: ", what, " and runs context parallel (AUTO or CONTEXT_PARALLEL)"));
+  }
+  if (IsPacked(spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.cu_seqlens_q: ", what, "; packed sequences are not supported there"));
+  }
+  if (!std::holds_alternative<DenseSpec>(spec.pattern) &&
+      !std::holds_alternative<WindowSpec>(spec.pattern)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "header.spec: ", what, ", which runs dense and window specs only (",
+        std::string(PatternName(spec.pattern)),
+        " is defined over the whole sequence; create the context with shards = 1 for it)"));
   }
   return absl::OkStatus();
 }

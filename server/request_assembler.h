@@ -112,6 +112,9 @@ class RequestAssembler {
   // The tensors read or written in place in one GPU's memory (CUDA IPC regions on a GPU of this
   // server): the inputs found here are not in TakeQ/K/V. Moves them out, like TakeQ.
   DeviceIo TakeDeviceIo() { return std::move(device_io_); }
+  // The key shards of an attend against a context split over devices (empty otherwise): the
+  // request's K and V, which TakeK/TakeV then leave empty. Moves them out, like TakeQ.
+  std::vector<KeyShard> TakeKeyShards() { return std::move(key_shards_); }
 
  private:
   // The region refs of a validated header: q/k/v tensors taken from regions (the others are
@@ -124,8 +127,11 @@ class RequestAssembler {
   // header.context: a view of the context (kept in context_) after checking the header against
   // it (batch 1, dtype, kv_heads, head_dim, no k/v refs, kv_tokens 0 or its length).
   absl::Status ResolveContext(const v1::AttendHeader& header, DType dtype);
-  // K and V of the context as the request's tensors: host views, or device views in device_io_.
+  // K and V of the context as the request's tensors: host views, or device views in device_io_,
+  // or (a context split over devices) one KeyShard per shard in key_shards_.
   absl::Status ContextTensors(const AttentionShape& shape, std::array<HostTensor, 3>* tensors);
+  // A context split over devices: the header's placement hint and spec are ones it can run.
+  absl::Status CheckShardedAttend(const v1::AttendHeader& header, const AttentionSpec& spec) const;
   // A view of `slice` for a run to read or write in place, when its region is device memory on
   // a GPU in options_.in_place_cuda_ordinals (and on the GPU of any earlier view); else empty.
   DeviceTensorView InPlaceView(const RegionSlice& slice, DType dtype,
@@ -148,6 +154,7 @@ class RequestAssembler {
   // slice is written directly by the run (host-mapped, or a view in device_io_).
   DeviceIo device_io_;
   std::optional<ContextView> context_;
+  std::vector<KeyShard> key_shards_;
   int in_place_ordinal_ = -1;
   bool outputs_direct_ = false;
   int64_t received_bytes_ = 0;

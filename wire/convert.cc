@@ -233,6 +233,8 @@ v1::Placement PlacementToProto(Placement placement) {
       return v1::PLACEMENT_DATA_PARALLEL;
     case Placement::kRing:
       return v1::PLACEMENT_RING;
+    case Placement::kContextParallel:
+      return v1::PLACEMENT_CONTEXT_PARALLEL;
     case Placement::kSingle:
       break;
   }

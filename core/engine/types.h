@@ -99,7 +99,9 @@ struct RunInfo {
 };
 
 // How one request is spread over devices.
-enum class Placement { kSingle, kDataParallel, kRing };
+// kContextParallel: the keys are split by sequence over the devices that hold them (a sharded
+// context); every device attends Q to its rows and the partials merge by their LSE.
+enum class Placement { kSingle, kDataParallel, kRing, kContextParallel };
 // What the caller asked for (the header's placement hint).
 enum class PlacementHint { kAuto, kSingle, kDataParallel, kRing };
 constexpr std::string_view PlacementName(Placement p) {
@@ -108,11 +110,25 @@ constexpr std::string_view PlacementName(Placement p) {
       return "data_parallel";
     case Placement::kRing:
       return "ring";
+    case Placement::kContextParallel:
+      return "context_parallel";
     case Placement::kSingle:
       break;
   }
   return "single";
 }
+
+// One shard of a request's keys split by sequence over devices (an attend against a sharded
+// context): key rows [start, start + rows) of the request, on the device with index `device` in
+// the server's device pool, either as host tensors k, v [1, rows, Hkv, D] (a CPU device) or as
+// views in that GPU's memory (k_dev, v_dev).
+struct KeyShard {
+  size_t device = 0;
+  int64_t start = 0;
+  int64_t rows = 0;
+  HostTensor k, v;
+  DeviceTensorView k_dev, v_dev;
+};
 
 // One complete attention request in the engine's terms: what to compute, on which inputs, and
 // what may stop it. Built at the RPC edge (wire/ converts the header), validated there once, and
@@ -131,6 +147,10 @@ struct AttentionRequest {
   // Tensors read or written in place in a GPU's memory (CUDA IPC regions); the host tensor of an
   // input found here is empty. Set only by the RPC edge, for a GPU of this server.
   DeviceIo device_io;
+  // Non-empty when the keys are split by sequence over devices (in row order, on distinct
+  // devices): then k, v and device_io are empty, shape.kv_len() counts every shard's rows, and the
+  // request runs context parallel on exactly these devices.
+  std::vector<KeyShard> key_shards;
   absl::Time deadline = absl::InfiniteFuture();
   // Set by the RPC side (client cancel, deadline); polled by the run.
   std::atomic<bool> cancel{false};
@@ -143,6 +163,7 @@ struct AttentionRequest {
     v = HostTensor();
     outputs_into = AttentionOutputs();
     device_io = DeviceIo();
+    key_shards.clear();
   }
 };
 

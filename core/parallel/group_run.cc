@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/parallel/communicator.h"
+#include "core/parallel/context_parallel.h"
 #include "core/parallel/data_parallel.h"
 #include "core/parallel/ring.h"
 #include "core/util/status_macros.h"
@@ -240,7 +241,9 @@ GroupRun::GroupRun(Placement placement, std::shared_ptr<AttentionRequest> reques
       status_(devices_.size()),
       figures_(devices_.size()) {
   const int ranks = static_cast<int>(devices_.size());
-  if (placement_ == Placement::kSingle || ranks == 1) {
+  if (placement_ == Placement::kContextParallel) {
+    strategy_ = MakeContextParallelStrategy(*request_, devices_, env_);
+  } else if (placement_ == Placement::kSingle || ranks == 1) {
     strategy_ = MakeSingleStrategy(*request_);
   } else if (placement_ == Placement::kDataParallel) {
     strategy_ = MakeDataParallelStrategy(*request_, ranks);

@@ -10,6 +10,9 @@
 //                   which may turn into the dilated composition (dilated_ring_cuda.h) or, when
 //                   the ring cannot split the spec and the caller did not insist, a single-device
 //                   fallback on rank 0
+//   context parallel  the keys split by sequence over the devices that hold them (a sharded
+//                   context): each attends Q to its rows, the partials merge by LSE
+//                   (context_parallel.h)
 //
 // Only a device's worker thread touches that device: every rank runs through Device::Run or
 // Device::RunTask on its own worker, with that device's memory accounting and stream.

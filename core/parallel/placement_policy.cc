@@ -18,10 +18,36 @@ bool Eligible(const AttentionRequest& request, const DeviceLoad& load) {
   return pinned < 0 || load.device->cuda_ordinal() == pinned;
 }
 
+// A request whose keys are split by sequence over devices (a sharded context) runs on exactly
+// those devices, together, once none of them is busy. Its memory is Q and the partial outputs on
+// each device (the keys are already there), so admission waits for the lanes only.
+std::optional<PlacementDecision> PlaceContextParallel(const AttentionRequest& request,
+                                                      absl::Span<const DeviceLoad> loads) {
+  PlacementDecision d;
+  d.placement = Placement::kContextParallel;
+  for (const KeyShard& shard : request.key_shards) {
+    if (shard.device >= loads.size() || loads[shard.device].busy) return std::nullopt;
+    d.devices.push_back(shard.device);
+  }
+  return d;
+}
+
+absl::Status ContextParallelFeasible(const AttentionRequest& request,
+                                     absl::Span<const DeviceLoad> loads) {
+  for (const KeyShard& shard : request.key_shards) {
+    if (shard.device >= loads.size() || loads[shard.device].index != shard.device) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the request's keys are on device ", shard.device, ", which this server does not run"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 class SingleDevicePlanner final : public PlacementPlanner {
  public:
   std::optional<PlacementDecision> Place(const AttentionRequest& request,
                                          absl::Span<const DeviceLoad> loads) override {
+    if (!request.key_shards.empty()) return PlaceContextParallel(request, loads);
     const DeviceLoad* best = nullptr;
     for (const DeviceLoad& l : loads) {
       if (!Eligible(request, l) || l.busy || l.estimate_bytes > l.budget_bytes) continue;
@@ -33,6 +59,7 @@ class SingleDevicePlanner final : public PlacementPlanner {
 
   absl::Status Feasible(const AttentionRequest& request,
                         absl::Span<const DeviceLoad> loads) override {
+    if (!request.key_shards.empty()) return ContextParallelFeasible(request, loads);
     int64_t best_budget = 0;
     bool any_eligible = false;
     for (const DeviceLoad& l : loads) {
@@ -58,7 +85,8 @@ class MultiDevicePlanner final : public PlacementPlanner {
  public:
   std::optional<PlacementDecision> Place(const AttentionRequest& request,
                                          absl::Span<const DeviceLoad> loads) override {
-    if (loads.size() <= 1 || request.device_io.any() || !IsSquare(request.spec, request.shape)) {
+    if (loads.size() <= 1 || request.device_io.any() || !request.key_shards.empty() ||
+        !IsSquare(request.spec, request.shape)) {
       return single_.Place(request, loads);
     }
     absl::StatusOr<PlacementPlan> plan = Plan(request, loads);
@@ -78,7 +106,8 @@ class MultiDevicePlanner final : public PlacementPlanner {
 
   absl::Status Feasible(const AttentionRequest& request,
                         absl::Span<const DeviceLoad> loads) override {
-    if (loads.size() <= 1 || request.device_io.any() || !IsSquare(request.spec, request.shape)) {
+    if (loads.size() <= 1 || request.device_io.any() || !request.key_shards.empty() ||
+        !IsSquare(request.spec, request.shape)) {
       return single_.Feasible(request, loads);
     }
     absl::StatusOr<PlacementPlan> plan = Plan(request, loads);

@@ -46,7 +46,9 @@ class PlacementPlanner {
 
 // One device: the idle device whose estimate fits its budget, least used memory first. A request
 // with tensors in a GPU's memory (AttentionRequest::device_io) is placed on that GPU's device only
-// (both policies); FAILED_PRECONDITION from Feasible when the pool has no such device.
+// (both policies); FAILED_PRECONDITION from Feasible when the pool has no such device. A request
+// whose keys are split over devices (AttentionRequest::key_shards) runs context parallel on
+// exactly those devices (both policies).
 std::unique_ptr<PlacementPlanner> MakeSingleDevicePlanner();
 
 // PlanPlacement over the pool, with the request's hint: single (then run on the idle device that

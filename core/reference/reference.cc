@@ -86,14 +86,15 @@ class RowAttention {
 
 // One attention problem of the request, straight from DESIGN "The math": query rows
 // [q_row, q_row + q_len) at positions from q_pos, key rows [k_row, k_row + k_len) at positions
-// from 0. An unpacked request is one (for every batch element), a packed one one per sequence.
+// from k_pos (spec.k_offset; 0 unless the keys are a piece of a longer sequence). An unpacked
+// request is one (for every batch element), a packed one one per sequence.
 struct Problem {
-  int64_t q_row, q_len, q_pos, k_row, k_len;
-  int64_t extent() const { return std::max(q_pos + q_len, k_len); }
+  int64_t q_row, q_len, q_pos, k_row, k_len, k_pos = 0;
+  int64_t extent() const { return std::max(q_pos + q_len, k_pos + k_len); }
 };
 
 std::vector<Problem> Problems(const AttentionSpec& spec, const AttentionShape& s) {
-  if (!IsPacked(spec)) return {{0, s.tokens, spec.q_offset, 0, s.kv_len()}};
+  if (!IsPacked(spec)) return {{0, s.tokens, spec.q_offset, 0, s.kv_len(), spec.k_offset}};
   std::vector<Problem> out;
   const std::vector<int64_t>& cq = spec.cu_seqlens_q;
   const std::vector<int64_t>& ck = spec.cu_seqlens_k;
@@ -247,7 +248,10 @@ absl::StatusOr<ReferenceResult> ReferenceAttention(const AttentionSpec& spec, co
           const int64_t p = pr.q_pos + i;
           lse_at(b, h, pr.q_row + i) = row.Run(
               b, h, pr.q_row + i, pr.k_row, pr.k_len,
-              [&](int64_t j) { return (!causal || j <= p) && admits(p, j); },
+              [&](int64_t j) {
+                const int64_t key = pr.k_pos + j;  // the key's position
+                return (!causal || key <= p) && admits(p, key);
+              },
               o_row(b, pr.q_row + i, h));
         }
       }

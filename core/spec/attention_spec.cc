@@ -157,6 +157,37 @@ absl::Status ValidateGenerator(const BlockGenerator& generator, int64_t num_bloc
       generator);
 }
 
+// Keys that are a piece of a longer sequence: dense and window only, not packed, the keys inside
+// the sequence, and positions that stay far from overflowing.
+absl::Status ValidateKeyShard(const AttentionSpec& spec, const AttentionShape& shape) {
+  if (!IsKeyShard(spec)) {
+    return Invalid("spec.k_offset",
+                   absl::StrCat("must be 0 unless spec.kv_total is set, got ", spec.k_offset));
+  }
+  if (!std::holds_alternative<DenseSpec>(spec.pattern) &&
+      !std::holds_alternative<WindowSpec>(spec.pattern)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "spec.kv_total: keys that are a piece of a longer sequence (a sharded context) run dense "
+        "and window specs only; ",
+        std::string(PatternName(spec.pattern)), " is defined over the whole sequence's ",
+        std::holds_alternative<DilatedSpec>(spec.pattern) ? "segments" : "blocks"));
+  }
+  if (IsPacked(spec)) {
+    return Invalid("spec.kv_total", "must be 0 with packed sequences (cu_seqlens)");
+  }
+  constexpr int64_t kMaxPosition = int64_t{1} << 62;
+  if (spec.kv_total > kMaxPosition) {
+    return Invalid("spec.kv_total", absl::StrCat("must be <= 2^62, got ", spec.kv_total));
+  }
+  if (spec.k_offset < 0 || spec.k_offset > spec.kv_total - shape.kv_len()) {
+    return Invalid("spec.k_offset",
+                   absl::StrCat("must be in [0, kv_total - kv_len = ",
+                                spec.kv_total - shape.kv_len(), "] (the keys inside the ",
+                                spec.kv_total, " of the sequence), got ", spec.k_offset));
+  }
+  return absl::OkStatus();
+}
+
 // FlashAttention's varlen convention, checked in one O(sequences) pass per vector.
 absl::Status ValidatePacked(const AttentionSpec& spec, const AttentionShape& shape) {
   constexpr absl::string_view kQ = "spec.cu_seqlens_q";
@@ -278,10 +309,12 @@ absl::Status ValidateShape(const AttentionShape& shape) {
 }
 
 bool IsSquare(const AttentionSpec& spec, const AttentionShape& shape) {
-  return shape.kv_len() == shape.tokens && spec.q_offset == 0 && !IsPacked(spec);
+  return shape.kv_len() == shape.tokens && spec.q_offset == 0 && !IsPacked(spec) &&
+         !IsKeyShard(spec);
 }
 
 int64_t PatternExtent(const AttentionSpec& spec, const AttentionShape& shape) {
+  if (IsKeyShard(spec)) return std::max(spec.q_offset + shape.tokens, spec.kv_total);
   if (!IsPacked(spec)) return std::max(spec.q_offset + shape.tokens, shape.kv_len());
   int64_t longest = 0;
   for (size_t s = 0; s + 1 < spec.cu_seqlens_k.size(); ++s) {
@@ -396,7 +429,8 @@ absl::StatusOr<AttentionShape> AttentionShapeOf(const HostTensor& q, const HostT
 
 absl::Status ValidateSpec(const AttentionSpec& spec, const AttentionShape& shape) {
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
-  const int64_t nkv = shape.kv_len();
+  if (IsKeyShard(spec) || spec.k_offset != 0) ATTN_RETURN_IF_ERROR(ValidateKeyShard(spec, shape));
+  const int64_t nkv = IsKeyShard(spec) ? spec.kv_total : shape.kv_len();
   if (spec.q_offset < 0 || spec.q_offset > nkv) {
     return Invalid("spec.q_offset",
                    absl::StrCat("must be in [0, kv_len = ", nkv, "] (queries start within or ",

@@ -69,6 +69,14 @@ struct AttentionSpec {
   // Position of query row 0: query row i sits at q_offset + i, key row j at j, and every rule
   // (causal, window, blocks, segments) compares positions. 0 <= q_offset <= kv_len; 0 when packed.
   int64_t q_offset = 0;
+  // Keys that are one piece of a longer key sequence (a context sharded by sequence over devices:
+  // each device attends the queries to its own rows): key row j sits at position k_offset + j of
+  // a sequence of kv_total keys, so 0 <= k_offset, k_offset + kv_len <= kv_total, and the queries
+  // follow the whole sequence's rule 0 <= q_offset <= kv_total. kv_total 0: the keys are the whole
+  // sequence (k_offset 0). Dense and window specs only (block_sparse and dilated are defined over
+  // the whole sequence's blocks and segments: UNIMPLEMENTED), never packed.
+  int64_t k_offset = 0;
+  int64_t kv_total = 0;
   // Packed sequences (FlashAttention's varlen cu_seqlens), both empty when not packed: batch 1,
   // sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]) and key rows
   // [cu_seqlens_k[s], cu_seqlens_k[s + 1]) and is its own attention problem, its queries
@@ -82,13 +90,17 @@ inline bool IsPacked(const AttentionSpec& spec) {
   return !spec.cu_seqlens_q.empty() || !spec.cu_seqlens_k.empty();
 }
 
-// True for the one-length case every backend runs: kv_len() == tokens, q_offset == 0, not packed.
+// True when the keys are a piece of a longer sequence (spec.kv_total set).
+inline bool IsKeyShard(const AttentionSpec& spec) { return spec.kv_total > 0; }
+
+// True for the one-length case every backend runs: kv_len() == tokens, q_offset == 0, not packed,
+// not a key shard.
 // Code that handles only that case refuses the others with this.
 bool IsSquare(const AttentionSpec& spec, const AttentionShape& shape);
 
 // The length whose blocks a block_sparse generator sees (nb = NumBlocks(extent, block_size)):
-// max(q_offset + tokens, kv_len()); packed, the longest sequence's key count (each sequence uses
-// its own, no longer, extent). Valid for a validated (spec, shape).
+// max(q_offset + tokens, kv_len()) (kv_total for a key shard); packed, the longest sequence's key
+// count (each sequence uses its own, no longer, extent). Valid for a validated (spec, shape).
 int64_t PatternExtent(const AttentionSpec& spec, const AttentionShape& shape);
 
 // The scale actually applied.

@@ -60,14 +60,16 @@ absl::StatusOr<RectLayout> BlockSparsePiece(const BlockSparseSpec& spec, bool ca
 }  // namespace
 
 std::vector<QuerySpan> RequestSpans(const AttentionSpec& spec, const AttentionShape& shape) {
-  if (!IsPacked(spec)) return {QuerySpan{0, shape.tokens, spec.q_offset, 0, shape.kv_len()}};
+  if (!IsPacked(spec)) {
+    return {QuerySpan{0, shape.tokens, spec.q_offset, 0, shape.kv_len(), spec.k_offset}};
+  }
   std::vector<QuerySpan> spans;
   const std::vector<int64_t>& cq = spec.cu_seqlens_q;
   const std::vector<int64_t>& ck = spec.cu_seqlens_k;
   for (size_t s = 0; s + 1 < cq.size(); ++s) {
     const int64_t q_len = cq[s + 1] - cq[s];
     const int64_t k_len = ck[s + 1] - ck[s];
-    if (q_len > 0) spans.push_back(QuerySpan{cq[s], q_len, k_len - q_len, ck[s], k_len});
+    if (q_len > 0) spans.push_back(QuerySpan{cq[s], q_len, k_len - q_len, ck[s], k_len, 0});
   }
   return spans;
 }
@@ -93,10 +95,14 @@ absl::StatusOr<std::vector<RectLayout>> SpanLayouts(const AttentionSpec& spec,
     if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) {
       rule.window = std::min(w->size, span.extent());
     }
-    RectLayout layout =
-        RectLayoutFromRule(rule, span.q_pos, q_end, 0, span.k_len, options.block_size);
+    RectLayout layout = RectLayoutFromRule(rule, span.q_pos, q_end, span.k_pos,
+                                           span.k_pos + span.k_len, options.block_size);
     if (layout.kept_tiles() > 0) out.push_back(std::move(layout));
     return out;
+  }
+  if (span.k_pos != 0) {
+    return absl::UnimplementedError(
+        "spec.block_sparse: keys at a position offset (a sharded context) are not supported");
   }
   const int64_t b = bs->block_size;
   const int64_t nb = NumBlocks(span.extent(), b);

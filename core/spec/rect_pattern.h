@@ -19,24 +19,28 @@ namespace attnserve {
 
 // One attention problem of a request: query rows [q_row, q_row + q_len) of Q, at positions
 // [q_pos, q_pos + q_len), against key rows [k_row, k_row + k_len) of K and V, at positions
-// [0, k_len). The same rows of every batch element.
+// [k_pos, k_pos + k_len) (k_pos is 0 unless the keys are a piece of a longer sequence:
+// spec.k_offset). The same rows of every batch element.
 struct QuerySpan {
   int64_t q_row = 0;
   int64_t q_len = 0;
   int64_t q_pos = 0;
   int64_t k_row = 0;
   int64_t k_len = 0;
+  int64_t k_pos = 0;
 
   // The positions the pattern is defined over (block_sparse counts its blocks over them).
-  int64_t extent() const { return std::max(q_pos + q_len, k_len); }
+  int64_t extent() const { return std::max(q_pos + q_len, k_pos + k_len); }
 };
 
-// The spans of a validated request: one (q_pos = spec.q_offset) when not packed; when packed, one
-// per sequence that has queries (q_pos = k_len - q_len), in order. O(sequences).
+// The spans of a validated request: one (q_pos = spec.q_offset, k_pos = spec.k_offset) when not
+// packed; when packed, one per sequence that has queries (q_pos = k_len - q_len), in order.
+// O(sequences).
 std::vector<QuerySpan> RequestSpans(const AttentionSpec& spec, const AttentionShape& shape);
 
 // The pieces of one span of a validated dense, window or block_sparse spec, together the span's
-// whole computation: RectLayouts on the span's positions (k_begin = 0). Dense and window give one
+// whole computation: RectLayouts on the span's positions (k_begin = span.k_pos, which is 0 for
+// block_sparse: key shards are dense or window). Dense and window give one
 // layout at tile options.block_size. Block_sparse gives one or two at tile = its block size, over
 // nb = NumBlocks(span.extent()) blocks: a query range starting inside a block is cut at the next
 // block boundary, so that every query tile lies in one query block; options.max_kept_blocks bounds

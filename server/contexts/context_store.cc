@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "core/spec/attention_spec.h"
 #include "core/util/status_macros.h"
+#include "server/contexts/shard_layout.h"
 
 namespace attnserve {
 namespace {
@@ -56,13 +57,19 @@ struct Storage {
   ~Storage() { budget->used[device_index].fetch_sub(bytes); }
 };
 
+// One shard: the context's rows [start, start + storage->reserved_tokens) on storage->device_index.
+struct Shard {
+  int64_t start = 0;
+  std::shared_ptr<Storage> storage;
+  int64_t end() const { return start + storage->reserved_tokens; }
+};
+
 struct Entry {
   ContextConfig config;
   std::string owner;
-  size_t device_index = 0;
   std::mutex append_mu;  // one append at a time
   // Guarded by the store's mutex.
-  std::shared_ptr<Storage> storage;
+  std::vector<Shard> shards;  // in row order, without gaps
   int64_t tokens = 0;
   absl::Time last_used;
   int64_t attends = 0;
@@ -95,9 +102,7 @@ class ContextStoreImpl final : public ContextStore {
     ATTN_RETURN_IF_ERROR(CheckConfig(in));
     ContextConfig config = in;
     if (config.ttl <= absl::ZeroDuration()) config.ttl = options_.default_ttl;
-    const int64_t rows = config.capacity_tokens > 0 ? config.capacity_tokens
-                                                     : options_.initial_tokens;
-    size_t device = 0;
+    std::vector<ShardRows> layout;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (entries_.count(in.name) > 0) {
@@ -107,14 +112,22 @@ class ContextStoreImpl final : public ContextStore {
         return absl::ResourceExhaustedError(absl::StrCat(
             "contexts: ", entries_.size(), " held, the server's limit (--max-contexts)"));
       }
-      device = LeastUsedDevice();
     }
-    ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage, NewStorage(config, device, rows));
+    if (config.capacity_tokens > 0) {
+      ATTN_ASSIGN_OR_RETURN(layout, PlanFixedShards(Room(), RowBytes(config) * 2,
+                                                    config.capacity_tokens, config.shards));
+    } else {
+      layout.push_back(ShardRows{LeastUsedDevice(), options_.initial_tokens});
+    }
     auto entry = std::make_shared<Entry>();
+    int64_t start = 0;
+    for (const ShardRows& r : layout) {
+      ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage, NewStorage(config, r.device, r.rows));
+      entry->shards.push_back(Shard{start, std::move(storage)});
+      start += r.rows;
+    }
     entry->config = config;
     entry->owner = owner;
-    entry->device_index = device;
-    entry->storage = std::move(storage);
     entry->last_used = absl::Now();
     std::lock_guard<std::mutex> lock(mu_);
     if (!entries_.emplace(in.name, entry).second) {  // created meanwhile by another call
@@ -133,13 +146,13 @@ class ContextStoreImpl final : public ContextStore {
     ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Find(owner, name));
     std::lock_guard<std::mutex> append(e->append_mu);
     const ContextConfig& c = e->config;
-    const int64_t row_bytes = c.kv_heads * c.head_dim * static_cast<int64_t>(DTypeSize(c.dtype));
-    std::shared_ptr<Storage> storage;
+    const int64_t row_bytes = RowBytes(c);
+    std::vector<Shard> shards;
     int64_t held = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (Gone(*e)) return NotFound(name);
-      storage = e->storage;
+      shards = e->shards;
       held = e->tokens;
     }
     if (expect_tokens.has_value() && *expect_tokens != held) {
@@ -152,21 +165,25 @@ class ContextStoreImpl final : public ContextStore {
           "tokens: ", held, " + ", tokens, " rows exceed context '", name, "''s capacity of ",
           c.capacity_tokens));
     }
-    if (need > storage->reserved_tokens) {  // growable: a larger Storage, rows copied over
-      const int64_t grown = std::max(need, 2 * storage->reserved_tokens);
-      absl::StatusOr<std::shared_ptr<Storage>> bigger = NewStorage(c, e->device_index, grown);
-      if (!bigger.ok() && grown > need) bigger = NewStorage(c, e->device_index, need);
-      if (!bigger.ok()) return bigger.status();
-      ATTN_RETURN_IF_ERROR((*bigger)->k->CopyFrom(*storage->k, held * row_bytes));
-      ATTN_RETURN_IF_ERROR((*bigger)->v->CopyFrom(*storage->v, held * row_bytes));
-      storage = *std::move(bigger);
+    // Growable: the last shard grows (rows copied over) or the rows spill into a new shard; the
+    // new storages are dropped, and their bytes given back, if anything below fails.
+    ATTN_RETURN_IF_ERROR(MakeRoom(c, held, need, shards));
+    std::vector<int64_t> starts, reserved;
+    for (const Shard& sh : shards) {
+      starts.push_back(sh.start);
+      reserved.push_back(sh.storage->reserved_tokens);
     }
     // Rows past `held` are read by no request: writing them races with nothing.
-    ATTN_RETURN_IF_ERROR(storage->k->Write(held * row_bytes, k, tokens * row_bytes));
-    ATTN_RETURN_IF_ERROR(storage->v->Write(held * row_bytes, v, tokens * row_bytes));
+    for (const ShardPiece& p : SplitRows(starts, reserved, held, need)) {
+      Storage& st = *shards[p.shard].storage;
+      const auto* kb = static_cast<const std::byte*>(k) + p.first * row_bytes;
+      const auto* vb = static_cast<const std::byte*>(v) + p.first * row_bytes;
+      ATTN_RETURN_IF_ERROR(st.k->Write(p.local * row_bytes, kb, p.rows * row_bytes));
+      ATTN_RETURN_IF_ERROR(st.v->Write(p.local * row_bytes, vb, p.rows * row_bytes));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (Gone(*e)) return NotFound(name);  // deleted while the rows were copied
-    e->storage = std::move(storage);
+    e->shards = std::move(shards);
     e->tokens = need;
     e->last_used = absl::Now();
     return InfoLocked(*e, e->last_used);
@@ -177,28 +194,46 @@ class ContextStoreImpl final : public ContextStore {
     std::lock_guard<std::mutex> lock(mu_);
     if (Gone(*e)) return NotFound(name);
     ContextView view;
-    view.device_index = e->device_index;
-    view.on_device = e->storage->k->device_data() != nullptr;
-    view.cuda_ordinal = devices_[e->device_index]->cuda_ordinal();
     view.dtype = e->config.dtype;
     view.kv_heads = e->config.kv_heads;
     view.head_dim = e->config.head_dim;
     view.tokens = e->tokens;
-    view.k_data = view.on_device ? e->storage->k->device_data() : e->storage->k->host_data();
-    view.v_data = view.on_device ? e->storage->v->device_data() : e->storage->v->host_data();
+    std::vector<std::shared_ptr<Storage>> storages;
+    for (const Shard& sh : e->shards) {
+      storages.push_back(sh.storage);
+      const int64_t rows = ShardTokens(sh.start, sh.storage->reserved_tokens, e->tokens);
+      if (rows == 0) continue;
+      ContextShardView shard;
+      Storage& st = *sh.storage;
+      shard.device_index = st.device_index;
+      shard.on_device = st.k->device_data() != nullptr;
+      shard.cuda_ordinal = devices_[st.device_index]->cuda_ordinal();
+      shard.start = sh.start;
+      shard.tokens = rows;
+      shard.k_data = shard.on_device ? st.k->device_data() : st.k->host_data();
+      shard.v_data = shard.on_device ? st.v->device_data() : st.v->host_data();
+      view.shards.push_back(shard);
+    }
+    const Storage& first = *e->shards.front().storage;
+    const ContextShardView head = view.shards.empty() ? ContextShardView{} : view.shards.front();
+    view.device_index = view.shards.empty() ? first.device_index : head.device_index;
+    view.on_device = view.shards.empty() ? first.k->device_data() != nullptr : head.on_device;
+    view.cuda_ordinal = devices_[view.device_index]->cuda_ordinal();
+    view.k_data = head.k_data;
+    view.v_data = head.v_data;
     // The hold: the storage of this moment, and one count of in_use while the request lives.
     struct Hold {
-      Hold(std::shared_ptr<Storage> s, std::shared_ptr<std::atomic<int64_t>> n)
-          : storage(std::move(s)), in_use(std::move(n)) {
+      Hold(std::vector<std::shared_ptr<Storage>> s, std::shared_ptr<std::atomic<int64_t>> n)
+          : storages(std::move(s)), in_use(std::move(n)) {
         in_use->fetch_add(1);
       }
       ~Hold() { in_use->fetch_sub(1); }
       Hold(const Hold&) = delete;
       Hold& operator=(const Hold&) = delete;
-      std::shared_ptr<Storage> storage;
+      std::vector<std::shared_ptr<Storage>> storages;
       std::shared_ptr<std::atomic<int64_t>> in_use;
     };
-    view.hold = std::make_shared<Hold>(e->storage, e->in_use);
+    view.hold = std::make_shared<Hold>(std::move(storages), e->in_use);
     e->attends += 1;
     e->last_used = absl::Now();
     return view;
@@ -276,8 +311,65 @@ class ContextStoreImpl final : public ContextStore {
       return absl::InvalidArgumentError(
           absl::StrCat("capacity_tokens: must be >= 0 (0: growable), got ", c.capacity_tokens));
     }
+    if (c.shards < 0 || static_cast<size_t>(c.shards) > devices_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shards: must be in [0, ", devices_.size(), "] (0: automatic; the server has ",
+          devices_.size(), " device(s)), got ", c.shards));
+    }
     if (c.ttl < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("ttl_seconds: must be >= 0 (0: the server's default)");
+    }
+    return absl::OkStatus();
+  }
+
+  static int64_t RowBytes(const ContextConfig& c) {
+    return c.kv_heads * c.head_dim * static_cast<int64_t>(DTypeSize(c.dtype));
+  }
+
+  // Bytes each device still has in its share.
+  std::vector<int64_t> Room() const {
+    std::vector<int64_t> room;
+    for (const auto& used : budget_->used)
+      room.push_back(std::max<int64_t>(0, ShareBytes() - used.load()));
+    return room;
+  }
+
+  // Makes `shards` hold `need` rows (growable contexts; `held` are held now): the last shard grows
+  // on its device (twice its rows, else just enough); when that device's share is full, the rows
+  // it cannot take go to a new shard on the device with the most room the context does not use
+  // (config.shards bounds how many), and so on.
+  absl::Status MakeRoom(const ContextConfig& c, int64_t held, int64_t need,
+                        std::vector<Shard>& shards) {
+    const int64_t row_bytes = RowBytes(c);
+    while (need > shards.back().end()) {
+      Shard& last = shards.back();
+      Storage& old = *last.storage;
+      const int64_t local = need - last.start;
+      const int64_t grown = std::max(local, 2 * old.reserved_tokens);
+      absl::StatusOr<std::shared_ptr<Storage>> bigger = NewStorage(c, old.device_index, grown);
+      if (!bigger.ok() && grown > local) bigger = NewStorage(c, old.device_index, local);
+      if (bigger.ok()) {
+        const int64_t rows = ShardTokens(last.start, old.reserved_tokens, held);
+        ATTN_RETURN_IF_ERROR((*bigger)->k->CopyFrom(*old.k, rows * row_bytes));
+        ATTN_RETURN_IF_ERROR((*bigger)->v->CopyFrom(*old.v, rows * row_bytes));
+        last.storage = *std::move(bigger);
+        return absl::OkStatus();
+      }
+      const bool may_spill = c.shards == 0 || static_cast<int>(shards.size()) < c.shards;
+      if (!absl::IsResourceExhausted(bigger.status()) || !may_spill) return bigger.status();
+      std::vector<size_t> used;
+      for (const Shard& sh : shards) used.push_back(sh.storage->device_index);
+      const std::vector<int64_t> room = Room();
+      const std::optional<size_t> spill = SpillDevice(room, 2 * row_bytes, used);
+      if (!spill) return bigger.status();
+      // The rows left, at least initial_tokens when there is room; fewer (and a further spill)
+      // when the device cannot take them all.
+      const int64_t left = need - last.end();
+      const int64_t fit = room[*spill] / (2 * row_bytes);
+      const int64_t rows = std::min(fit, std::max(left, options_.initial_tokens));
+      const int64_t start = last.end();
+      ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Storage> fresh, NewStorage(c, *spill, rows));
+      shards.push_back(Shard{start, std::move(fresh)});
     }
     return absl::OkStatus();
   }
@@ -363,9 +455,20 @@ class ContextStoreImpl final : public ContextStore {
     info.config = e.config;
     info.owner = e.owner;
     info.tokens = e.tokens;
-    info.reserved_tokens = e.storage->reserved_tokens;
-    info.bytes = e.storage->bytes;
-    info.device = devices_[e.device_index]->name();
+    for (const Shard& sh : e.shards) {
+      const Storage& st = *sh.storage;
+      ContextShardInfo shard;
+      shard.device = devices_[st.device_index]->name();
+      shard.start = sh.start;
+      shard.tokens = ShardTokens(sh.start, st.reserved_tokens, e.tokens);
+      shard.reserved_tokens = st.reserved_tokens;
+      shard.bytes = st.bytes;
+      info.reserved_tokens += shard.reserved_tokens;
+      info.bytes += shard.bytes;
+      info.device =
+          info.device.empty() ? shard.device : absl::StrCat(info.device, ",", shard.device);
+      info.shards.push_back(std::move(shard));
+    }
     info.idle_seconds = absl::ToDoubleSeconds(now - e.last_used);
     info.attends = e.attends;
     info.in_use = e.in_use->load();

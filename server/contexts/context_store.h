@@ -10,8 +10,15 @@
 // lets go. Appends to one context are serialised and commit at once (the row count moves only after
 // every byte is on the device), so a request sees all of an append or none of it.
 //
+// Sharding: a context larger than one device's share (or created with shards > 1) is split by
+// sequence: shard s holds rows [start_s, start_s + reserved_s) on its own device, and the shards
+// fill in order (shard_layout.h). A fixed capacity is split evenly when the context is created; a
+// growable context grows its last shard and, when that device's share is full, spills into the
+// device with the most room that it does not use yet. An attend against it runs on every shard's
+// device at once (context-parallel, core/parallel/context_parallel.h).
+//
 // Limits: the K + V bytes of every context together stay within memory_budget_bytes (RESOURCE_
-// EXHAUSTED past it; each device gets an equal share, and a context lives on one device). A
+// EXHAUSTED past it; each device gets an equal share). A
 // context idle for longer than its time-to-live is deleted by the sweeper, never while a request
 // holds it. Every method takes `owner` (the caller's identity; the service passes "" today, as for
 // regions), so scoping contexts to callers is done here.
@@ -48,7 +55,20 @@ struct ContextConfig {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t capacity_tokens = 0;  // 0: growable
+  // Devices to split the rows over: 0 automatic (one device when it fits, else the fewest that
+  // do; a growable one spills into any), 1 one device only, n an even split of the capacity over
+  // n devices (growable: at most n).
+  int shards = 0;
   absl::Duration ttl = absl::ZeroDuration();  // 0: the store's default
+};
+
+// One shard of a context: rows [start, start + reserved_tokens) on `device`, `tokens` of them held.
+struct ContextShardInfo {
+  std::string device;
+  int64_t start = 0;
+  int64_t tokens = 0;
+  int64_t reserved_tokens = 0;
+  int64_t bytes = 0;
 };
 
 struct ContextInfo {
@@ -56,16 +76,31 @@ struct ContextInfo {
   std::string owner;
   int64_t tokens = 0;
   int64_t reserved_tokens = 0;
-  int64_t bytes = 0;  // K + V bytes held for it now
-  std::string device;
+  int64_t bytes = 0;   // K + V bytes held for it now (every shard)
+  std::string device;  // the shards' devices, comma-separated in shard order
+  std::vector<ContextShardInfo> shards;
   double idle_seconds = 0;
   int64_t attends = 0;
   int64_t in_use = 0;
 };
 
+// The rows of one shard a request reads: context rows [start, start + tokens), at k_data / v_data
+// ([tokens, kv_heads, head_dim] each) on device `device_index`.
+struct ContextShardView {
+  size_t device_index = 0;
+  bool on_device = false;
+  int cuda_ordinal = -1;
+  int64_t start = 0;
+  int64_t tokens = 0;
+  std::byte* k_data = nullptr;
+  std::byte* v_data = nullptr;
+};
+
 // What one request reads: rows [0, tokens) of K and V, each [tokens, kv_heads, head_dim] row-major
 // in `dtype`, at k_data / v_data: host memory on a CPU device, the GPU's memory on a CUDA device
-// (on_device). `hold` keeps the memory alive and counts the request as a user of the context.
+// (on_device). A sharded context lists its shards that hold rows in `shards` (in row order); the
+// top-level device and data fields are then the first shard's. `hold` keeps the memory alive and
+// counts the request as a user of the context.
 struct ContextView {
   size_t device_index = 0;
   bool on_device = false;
@@ -76,7 +111,10 @@ struct ContextView {
   int64_t tokens = 0;
   std::byte* k_data = nullptr;
   std::byte* v_data = nullptr;
+  std::vector<ContextShardView> shards;  // >= 1 entries once the context has rows
   std::shared_ptr<const void> hold;
+
+  bool sharded() const { return shards.size() > 1; }
 };
 
 // Per-device figures for the metrics.

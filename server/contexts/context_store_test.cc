@@ -27,6 +27,16 @@ std::vector<uint8_t> Rows(int64_t rows, int fill) {
   return out;
 }
 
+ContextConfig ShardTestConfig(const std::string& name, int64_t capacity = 0) {
+  ContextConfig c;
+  c.name = name;
+  c.dtype = DType::kBF16;
+  c.kv_heads = kHeads;
+  c.head_dim = kDim;
+  c.capacity_tokens = capacity;
+  return c;
+}
+
 class ContextStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { device_ = MakeCpuDevice(0, 1); }
@@ -38,13 +48,7 @@ class ContextStoreTest : public ::testing::Test {
     return *ContextStore::Create(o, {device_.get()});
   }
   static ContextConfig Config(const std::string& name, int64_t capacity = 0) {
-    ContextConfig c;
-    c.name = name;
-    c.dtype = DType::kBF16;
-    c.kv_heads = kHeads;
-    c.head_dim = kDim;
-    c.capacity_tokens = capacity;
-    return c;
+    return ShardTestConfig(name, capacity);
   }
   std::unique_ptr<Device> device_;
 };
@@ -166,6 +170,101 @@ TEST_F(ContextStoreTest, RacingAppendsNeverInterleave) {
           << "append " << a << " row " << r;
     }
   }
+}
+
+// Two devices, each with a share of 40 rows of K + V: contexts larger than a share are split.
+class ShardedContextStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 2; ++i) devices_.push_back(MakeCpuDevice(i, 1));
+  }
+  std::unique_ptr<ContextStore> MakeStore(int64_t initial) {
+    ContextStoreOptions o;
+    o.memory_budget_bytes = 2 * 40 * 2 * kRowBytes;
+    o.initial_tokens = initial;
+    o.sweep_interval = absl::ZeroDuration();
+    return *ContextStore::Create(o, {devices_[0].get(), devices_[1].get()});
+  }
+  // The context's rows as one buffer, read through the view's shards.
+  static std::vector<uint8_t> ReadK(const ContextView& view) {
+    std::vector<uint8_t> out;
+    for (const ContextShardView& s : view.shards) {
+      EXPECT_EQ(s.start, static_cast<int64_t>(out.size()) / kRowBytes) << "shards in row order";
+      out.insert(out.end(), reinterpret_cast<const uint8_t*>(s.k_data),
+                 reinterpret_cast<const uint8_t*>(s.k_data) + s.tokens * kRowBytes);
+    }
+    return out;
+  }
+  std::vector<std::unique_ptr<Device>> devices_;
+};
+
+TEST_F(ShardedContextStoreTest, FixedCapacityIsSplitAndAppendsCrossTheBoundary) {
+  auto store = MakeStore(4);
+  ContextConfig c = ShardTestConfig("c", 60);
+  auto created = store->CreateContext("", c);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_EQ(created->shards.size(), 2u);
+  EXPECT_EQ(created->device, "cpu:0,cpu:1");
+  EXPECT_EQ(created->shards[0].reserved_tokens, 30);
+  EXPECT_EQ(created->shards[1].start, 30);
+  const std::vector<uint8_t> a = Rows(25, 1), b = Rows(20, 40);
+  ASSERT_TRUE(store->Append("", "c", 25, a.data(), a.data(), 0).ok());
+  auto info = store->Append("", "c", 20, b.data(), b.data(), 25);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->shards[0].tokens, 30);
+  EXPECT_EQ(info->shards[1].tokens, 15);
+  auto view = store->Acquire("", "c");
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(view->sharded());
+  std::vector<uint8_t> want = a;
+  want.insert(want.end(), b.begin(), b.end());
+  EXPECT_EQ(ReadK(*view), want);
+  EXPECT_GT(store->Totals().bytes[0], 0);
+  EXPECT_GT(store->Totals().bytes[1], 0);
+  // All or nothing: 16 more rows pass the capacity, none is added.
+  const std::vector<uint8_t> more = Rows(16, 9);
+  EXPECT_EQ(store->Append("", "c", 16, more.data(), more.data(), std::nullopt).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->Get("", "c")->tokens, 45);
+  view->hold.reset();
+  ASSERT_TRUE(store->Delete("", "c").ok());
+  EXPECT_EQ(store->Totals().bytes[0], 0);
+  EXPECT_EQ(store->Totals().bytes[1], 0);
+}
+
+TEST_F(ShardedContextStoreTest, GrowableSpillsIntoTheNextDevice) {
+  auto store = MakeStore(8);
+  ASSERT_TRUE(store->CreateContext("", ShardTestConfig("g")).ok());
+  std::vector<uint8_t> want;
+  // 4 x 10 rows: a growth copies the rows into a storage twice as large while the old one is
+  // still held, so one device's 40 rows hold 20 of a growable context; the rest spill.
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<uint8_t> rows = Rows(10, 20 * i);
+    auto info = store->Append("", "g", 10, rows.data(), rows.data(), 10 * i);
+    ASSERT_TRUE(info.ok()) << "append " << i << ": " << info.status();
+    want.insert(want.end(), rows.begin(), rows.end());
+  }
+  auto info = store->Get("", "g");
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->shards.size(), 2u);
+  EXPECT_EQ(info->tokens, 40);
+  EXPECT_EQ(info->shards[1].start, info->shards[0].reserved_tokens);
+  auto view = store->Acquire("", "g");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(ReadK(*view), want);
+  // shards = 1 never spills.
+  ContextConfig one = ShardTestConfig("one");
+  one.shards = 1;
+  view->hold.reset();
+  ASSERT_TRUE(store->Delete("", "g").ok());
+  ASSERT_TRUE(store->CreateContext("", one).ok());
+  const std::vector<uint8_t> big = Rows(50, 3);
+  EXPECT_EQ(store->Append("", "one", 50, big.data(), big.data(), std::nullopt).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->Get("", "one")->shards.size(), 1u);
+  ASSERT_TRUE(store->Delete("", "one").ok());
+  EXPECT_EQ(store->Totals().bytes[0], 0);
+  EXPECT_EQ(store->Totals().bytes[1], 0);
 }
 
 }  // namespace

@@ -256,6 +256,7 @@ class AttentionServiceImpl::AttendReactor final
         return;
       }
       job->device_io = assembler_.TakeDeviceIo();
+      job->key_shards = assembler_.TakeKeyShards();
       job->deadline = DeadlineOf(*context_);
       job->done = [this](JobResult result) { OnJobDone(std::move(result)); };
       job_ = job;

@@ -44,6 +44,15 @@ void ContextStatusToProto(const ContextInfo& info, v1::ContextStatus* out) {
   out->set_idle_seconds(info.idle_seconds);
   out->set_attends(info.attends);
   out->set_in_use(info.in_use);
+  out->set_shards_requested(c.shards);
+  for (const ContextShardInfo& shard : info.shards) {
+    v1::ContextShard* s = out->add_shards();
+    s->set_device(shard.device);
+    s->set_start(shard.start);
+    s->set_tokens(shard.tokens);
+    s->set_reserved_tokens(shard.reserved_tokens);
+    s->set_bytes(shard.bytes);
+  }
 }
 
 // One AppendContext call: the header, then K and V chunks into page-locked host tensors (or
@@ -208,6 +217,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
   config.kv_heads = request->kv_heads();
   config.head_dim = request->head_dim();
   config.capacity_tokens = request->capacity_tokens();
+  config.shards = request->shards();
   if (request->ttl_seconds() < 0) {
     return FinishWith(context, absl::InvalidArgumentError(absl::StrCat(
                                    "ttl_seconds: must be >= 0, got ", request->ttl_seconds())));
@@ -218,8 +228,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
     spdlog::warn("create context '{}': {}", request->name(), info.status().ToString());
     return FinishWith(context, info.status());
   }
-  spdlog::info("create context '{}' on {}: {} bytes reserved", config.name, info->device,
-               info->bytes);
+  spdlog::info("create context '{}' on {}: {} bytes reserved{}", config.name, info->device,
+               info->bytes,
+               info->shards.size() > 1 ? absl::StrCat(" in ", info->shards.size(), " shards") : "");
   ContextStatusToProto(*info, response->mutable_context());
   return FinishWith(context, absl::OkStatus());
 }

@@ -61,12 +61,16 @@ v1::DescribeResponse AttentionServiceImpl::BuildDescribe() const {
   if (backend == BackendKind::kCpu) {
     r.set_notes(
         "cpu backend: every dtype is computed with float32 accumulation (f16/bf16 inputs "
-        "converted per tile, O rounded back to the input dtype). With several cpu devices a request "
+        "converted per tile, O rounded back to the input dtype). With several cpu devices a "
+        "request "
         "may run data_parallel (batch x kv-head units over devices) or as a ring (sequence over "
         "devices, one rank per device worker, in-process transfers counted as "
         "attnserve_nccl_bytes_total). Device memory metrics of a cpu device count its tracker: "
         "the running request's q/k/v, outputs and workspaces (a ring rank: its share's "
-        "estimate).");
+        "estimate). A context larger than one device's share of --context-memory-bytes (or "
+        "created with shards > 1) is split by sequence over devices, and an attend against it "
+        "runs context_parallel: each device attends Q to its rows, the partials merge by LSE "
+        "(dense and window specs).");
   } else {
     r.set_notes(
         "cuda backend: f32 inputs are converted to bf16 on the device; f16/bf16 run natively "
@@ -74,7 +78,10 @@ v1::DescribeResponse AttentionServiceImpl::BuildDescribe() const {
         "worker runs its share) or as a NCCL ring (each GPU's worker runs its own rank over a "
         "cached communicator; a dilated request whose segments are longer than a shard runs its "
         "composition from the first GPU's worker while the group's other GPUs are reserved for "
-        "it).");
+        "it). A context larger than one GPU's share of --context-memory-bytes (or created with "
+        "shards > 1) is split by sequence over GPUs, and an attend against it runs "
+        "context_parallel: each GPU attends Q to its rows in place, the partials merge by LSE "
+        "(dense and window specs).");
   }
   for (const ContextInfo& info : contexts_->List("")) {
     ContextStatusToProto(info, r.add_contexts());
