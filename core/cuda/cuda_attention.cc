@@ -222,15 +222,6 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
           "spec.dilated: with kv_tokens != tokens, a query offset or packed sequences, dilated "
           "attention runs on the CPU backend only for now");
     }
-    if (spec.k_offset != 0) {
-      // The rect pieces place key row 0 at position 0 (QuerySpan::k_pos is not read there yet):
-      // a key shard whose queries come before its first key (a non-causal window reaching back
-      // into an earlier shard's rows) cannot run here.
-      return absl::UnimplementedError(absl::StrCat(
-          "spec.k_offset: keys at a position offset (", spec.k_offset,
-          ") run on the CPU backend only for now; on GPUs a sharded context's non-causal window "
-          "chunk must not start before the shard it reads"));
-    }
     ATTN_RETURN_IF_ERROR(plan->BuildRect(spec, options.compile, stream));
   } else if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
     CompiledPattern local;

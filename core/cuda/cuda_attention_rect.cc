@@ -43,21 +43,28 @@ struct DensePiece {
   int64_t q0, q_len, k0, k_len;
 };
 
-// The implicit pieces of a dense span (see the file comment), and its admitted pairs.
+// The implicit pieces of a dense span (see the file comment), and its admitted pairs. Key row
+// offsets k0 are within the span's keys, whose first sits at position span.k_pos (0 unless the keys
+// are a shard of a longer sequence); with causal, query rows before that position admit nothing
+// and are left out.
 double DensePieces(const QuerySpan& span, bool causal, std::vector<DensePiece>* out) {
   const auto add = [&](Kind kind, int64_t q0, int64_t q_len, int64_t k0, int64_t k_len) {
     if (q_len > 0 && k_len > 0) out->push_back({kind, q0, q_len, k0, k_len});
   };
-  const int64_t L = span.q_len, P = span.q_pos, K = span.k_len;
+  const int64_t K = span.k_len;
   if (!causal) {
-    add(Kind::kDense, 0, L, 0, K);
-    return static_cast<double>(L) * static_cast<double>(K);
+    add(Kind::kDense, 0, span.q_len, 0, K);
+    return static_cast<double>(span.q_len) * static_cast<double>(K);
   }
+  int64_t P = span.q_pos - span.k_pos;  // the first query's position, counted from key row 0
+  const int64_t s = P < 0 ? std::min(span.q_len, -P) : 0;  // leading rows that admit nothing
+  P += s;
+  const int64_t L = span.q_len - s;
   const int64_t before = std::min(P, K);                           // keys every query admits
   const int64_t m = std::max<int64_t>(0, std::min(K, P + L) - P);  // the square diagonal
-  add(Kind::kDense, 0, L, 0, before);
-  add(Kind::kDenseCausal, 0, m, P, m);
-  add(Kind::kDense, m, L - m, P, m);
+  add(Kind::kDense, s, L, 0, before);
+  add(Kind::kDenseCausal, s, m, P, m);
+  add(Kind::kDense, s + m, L - m, P, m);
   const double dm = static_cast<double>(m);
   return static_cast<double>(L) * static_cast<double>(before) + dm * (dm + 1) / 2 +
          static_cast<double>(L - m) * dm;
@@ -134,7 +141,7 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
       p.q_pos = span.q_pos;
       p.q_len = span.q_len;
       p.k_row = span.k_row;
-      p.k_pos = 0;
+      p.k_pos = span.k_pos;
       p.k_len = span.k_len;
       p.tile = options.block_size;
       p.rule_causal = spec.causal;
@@ -160,7 +167,7 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
         p.q_pos = span.q_pos + d.q0;
         p.q_len = d.q_len;
         p.k_row = span.k_row + d.k0;
-        p.k_pos = d.k0;
+        p.k_pos = span.k_pos + d.k0;
         p.k_len = d.k_len;
         p.tile = options.block_size;
         // (One tile needs no order: skipping it spares decode steps a synchronous upload.)
@@ -193,7 +200,7 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
       p.q_row = span.q_row + (l.q_begin - span.q_pos);
       p.q_pos = l.q_begin;
       p.q_len = l.q_len;
-      p.k_row = span.k_row + l.k_begin;
+      p.k_row = span.k_row + (l.k_begin - span.k_pos);  // layouts count keys from span.k_pos
       p.k_pos = l.k_begin;
       p.k_len = l.k_len;
       p.tile = l.tile;

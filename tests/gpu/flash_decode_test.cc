@@ -73,6 +73,24 @@ std::vector<Case> Cases() {
   cases.push_back({"window_past_end", Spec(WindowSpec{2}, false, 995), {1, 4, 4, 2, 64, 995}});
   // A window no query reaches at all: nothing to launch, the fill alone.
   cases.push_back({"window_nothing", Spec(WindowSpec{0}, false, 995), {1, 3, 4, 2, 64, 995}});
+  // Key shards (a context split over devices: keys at positions [k_offset, k_offset + Nkv) of a
+  // sequence of kv_total): decode at the sequence's end, a window reaching into the shard from
+  // queries before it, and (not decode pieces: the rect CSR and implicit dense paths) a window
+  // chunk and a causal chunk whose first 100 rows come before the shard's first key.
+  const auto shard = [](AttentionPattern pattern, bool causal, int64_t q_offset) {
+    AttentionSpec s = Spec(std::move(pattern), causal, q_offset);
+    s.k_offset = 2000;
+    s.kv_total = 6000;
+    return s;
+  };
+  cases.push_back({"shard_decode_dense_causal", shard(DenseSpec{}, true, 5996),
+                   {1, 4, 8, 2, 128, 3000}});
+  cases.push_back({"shard_decode_window_before", shard(WindowSpec{500}, false, 1800),
+                   {1, 16, 8, 2, 128, 3000}});
+  cases.push_back({"shard_chunk_window_before", shard(WindowSpec{300}, false, 1800),
+                   {1, 300, 4, 2, 128, 3000}});
+  cases.push_back({"shard_chunk_dense_causal_before", shard(DenseSpec{}, true, 1900),
+                   {1, 300, 4, 2, 64, 3000}});
   // Packed: a decode sequence (1 query row) next to longer ones, causal dense (an f32
   // accumulator for the non-decode spans) and window.
   AttentionSpec packed = Spec(DenseSpec{}, true, 0);
