@@ -522,6 +522,92 @@ TEST_F(ContextServiceTest, LifecycleMatchesReferenceAndFreesEverything) {
   EXPECT_THAT(metrics_->RenderText(), HasSubstr("attnserve_context_bytes{device=\"cpu:0\"} 0\n"));
 }
 
+// A delete while an attend reads the context: the delete answers at once (naming the request that
+// holds it), the attend finishes on the rows it took and equals the float64 reference, and the
+// context's memory goes back to 0 when the attend lets go. The attend reads enough rows on the
+// CPU backend to stay in flight for a few hundred milliseconds; since the float64 reference runs
+// ~100x slower, it is computed for three slices of query rows (first, middle, last), which a
+// dense, non-causal spec computes independently of the other rows. A few seconds in all.
+TEST_F(ContextServiceTest, DeleteDuringAttendLeavesTheAttendWhole) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  constexpr int64_t kRows = 16384, kQueries = 768, kSlice = 24, kQHeads = 8, kD = 64;
+  const Inputs all =
+      MakeInputs(Header(v1::DTYPE_BF16, 1, kRows, kQHeads, 2, kD, R"({"dense": {}})"),
+                 seed);  // its K and V are the context's rows
+  ASSERT_TRUE(Create("busy", kRows).ok());
+  ASSERT_TRUE(Append("busy", all, 0, kRows, 0).ok());
+  v1::AttendHeader h = Header(v1::DTYPE_BF16, 1, kQueries, kQHeads, 2, kD, R"({"dense": {}})");
+  h.set_context("busy");
+  h.set_return_lse(true);
+  h.set_q_offset(kRows - kQueries);
+  Inputs q_only{MakeInputs(h, seed + 7).q, HostTensor(), HostTensor()};
+  std::future<CallResult> attend = std::async(std::launch::async, [&] {
+    return Attend(stub_.get(), h, q_only, 1 << 20, absl::Seconds(60));
+  });
+  auto get_context = [&](v1::GetContextResponse* resp) {
+    grpc::ClientContext gctx;
+    v1::GetContextRequest greq;
+    greq.set_name("busy");
+    return stub_->GetContext(&gctx, greq, resp);
+  };
+  // Delete once the attend holds the context (GetContext's in_use), while it still runs.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int64_t held = 0;
+  while (absl::Now() < deadline &&
+         attend.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+    v1::GetContextResponse gresp;
+    ASSERT_TRUE(get_context(&gresp).ok());
+    held = gresp.context().in_use();
+    if (held > 0) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(held, 1) << "the attend ended (or never started) before the delete could race it";
+  grpc::ClientContext dctx;
+  v1::DeleteContextRequest dreq;
+  dreq.set_name("busy");
+  v1::DeleteContextResponse dresp;
+  ASSERT_TRUE(stub_->DeleteContext(&dctx, dreq, &dresp).ok());
+  EXPECT_EQ(dresp.in_use(), 1);
+  // Gone for new requests at once, while the attend still runs.
+  v1::GetContextResponse gone_resp;
+  const grpc::Status gone = get_context(&gone_resp);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(gone.error_message(), HasSubstr("deleted"));
+  EXPECT_NE(attend.wait_for(std::chrono::milliseconds(0)), std::future_status::ready)
+      << "the attend was over by the time the delete answered";
+  const CallResult r = attend.get();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.o.size(), static_cast<size_t>(kQueries * kQHeads * kD * 2));
+  ASSERT_EQ(r.lse.size(), static_cast<size_t>(kQHeads * kQueries * 4));
+
+  // Query rows [from, from + kSlice) against the reference of those rows alone.
+  for (int64_t from : {int64_t{0}, kQueries / 2, kQueries - kSlice}) {
+    SCOPED_TRACE(absl::StrCat("query rows from ", from));
+    const size_t q_row = kQHeads * kD * 2;  // bytes of one bf16 row of Q and O
+    HostTensor q = *HostTensor::Create(DType::kBF16, {1, kSlice, kQHeads, kD});
+    HostTensor o = *HostTensor::Create(DType::kBF16, {1, kSlice, kQHeads, kD});
+    HostTensor lse = *HostTensor::Create(DType::kF32, {1, kQHeads, kSlice});
+    std::memcpy(q.data(), q_only.q.data() + from * q_row, kSlice * q_row);
+    std::memcpy(o.data(), r.o.data() + from * q_row, kSlice * q_row);
+    for (int64_t head = 0; head < kQHeads; ++head) {  // LSE is [1, Hq, Nq]
+      std::memcpy(lse.data() + head * kSlice * 4, r.lse.data() + (head * kQueries + from) * 4,
+                  kSlice * 4);
+    }
+    AttentionSpec spec = *SpecFromProto(h.spec());
+    spec.q_offset = h.q_offset() + from;
+    absl::StatusOr<ReferenceResult> ref = ReferenceAttention(spec, q, all.k, all.v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    const ErrorStats e = CompareToReference(*ref, o, &lse);
+    EXPECT_EQ(e.nonfinite, 0);
+    EXPECT_LE(e.o_rel, ReferenceOTolerance(DType::kBF16));
+    EXPECT_LE(e.lse_max_abs, kReferenceLseTolerance);
+  }
+  // The attend let go: the rows' memory is back, on the device and in the metrics.
+  ExpectBaseline();
+  EXPECT_THAT(metrics_->RenderText(), HasSubstr("attnserve_context_bytes{device=\"cpu:0\"} 0\n"));
+}
+
 TEST_F(ContextServiceTest, MisuseAnswersWithItsCode) {
   const Inputs all = MakeInputs(Header(v1::DTYPE_BF16, 1, 64, 8, 2, 64, R"({"dense": {}})"), 5);
   ASSERT_TRUE(Create("fixed", 32).ok());
