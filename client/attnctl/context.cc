@@ -1,9 +1,8 @@
 // attnctl context create|append|attend|stats|list|delete: contexts, K and V the server keeps
-// between requests (CreateContext, AppendContext, Attend with header.context, GetContext,
-// ListContexts, DeleteContext).
+// between requests (CreateContext, AppendContext, GetContext, ListContexts, DeleteContext; attend,
+// an Attend with header.context, is in context_attend.cc). The group's command table.
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11,32 +10,22 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/attnctl/attend_report.h"
-#include "client/attnctl/check.h"
 #include "client/attnctl/common.h"
+#include "client/attnctl/context_util.h"
 #include "client/attnctl/output.h"
-#include "client/attnctl/problem.h"
-#include "core/tensor/npy.h"
 #include "core/util/json.h"
 #include "google/protobuf/util/json_util.h"
 #include "wire/convert.h"
 
-// Shared with run and bench (problem.cc, run.cc, check.cc define them).
-ABSL_DECLARE_FLAG(std::string, q);
+// Shared with run and bench (problem.cc and run.cc define them).
 ABSL_DECLARE_FLAG(std::string, k);
 ABSL_DECLARE_FLAG(std::string, v);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, random);
-ABSL_DECLARE_FLAG(int64_t, seed);
-ABSL_DECLARE_FLAG(std::string, spec);
-ABSL_DECLARE_FLAG(bool, causal);
-ABSL_DECLARE_FLAG(int64_t, q_offset);
-ABSL_DECLARE_FLAG(double, tolerance);
 
 ABSL_FLAG(int64_t, kv_heads, 0, "context create: K/V heads of every row (required)");
 ABSL_FLAG(int64_t, head_dim, 0, "context create: head dimension D (required)");
@@ -52,46 +41,11 @@ ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
 ABSL_FLAG(int64_t, expect_tokens, 0,
           "context append: refuse the append (FAILED_PRECONDITION, nothing added) unless the "
           "context holds exactly this many rows when it commits; not given: no such check");
-ABSL_FLAG(std::string, random_q, "",
-          "context attend: NQ[,SEED] random query rows, uniform in [-1, 1), in the context's "
-          "dtype (SEED defaults to --seed)");
-ABSL_FLAG(int64_t, q_heads, 0,
-          "context attend: query heads Hq, a multiple of the context's kv_heads");
 
 namespace attnserve::attnctl {
 namespace {
 
 namespace v1 = ::attnserve::v1;
-
-// The call of each context subcommand, with its whole-call deadline.
-struct Call {
-  std::unique_ptr<client::AttnClient> client;
-  client::CallOptions options;
-};
-
-// The client and the deadline (--timeout, else `default_timeout`); INVALID_ARGUMENT (a usage
-// error) for bad connection flags.
-absl::StatusOr<Call> StartCall(const FlagSet& flags, absl::Duration default_timeout) {
-  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags, default_timeout);
-  if (!timeout.ok()) return timeout.status();
-  absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
-  if (!client.ok()) return client.status();
-  Call call;
-  call.client = *std::move(client);
-  call.options.timeout = *timeout;
-  return call;
-}
-
-// The context's NAME, the one operand.
-absl::StatusOr<std::string> NameOperand(const FlagSet& flags) {
-  if (flags.operands().empty()) return absl::InvalidArgumentError("give the context's NAME");
-  return flags.operands()[0];
-}
-
-// A failed call: "attnctl: <what> of context 'NAME' failed: CODE: message", exit 10 + code.
-int CallFailed(absl::string_view what, const std::string& name, const absl::Status& status) {
-  return Report(absl::StrCat(what, " of context '", name, "' failed"), status, RpcExitCode(status));
-}
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
 
@@ -131,76 +85,11 @@ void PrintStatus(const v1::ContextStatus& c) {
   std::printf("attends    %" PRId64 " so far, %" PRId64 " in flight\n", c.attends(), c.in_use());
 }
 
-// "NQ[,SEED]" / "ROWS[,SEED]": the count and the seed (--seed when absent).
-absl::StatusOr<std::pair<int64_t, uint64_t>> CountAndSeed(absl::string_view flag,
-                                                          const std::string& text) {
-  std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
-  int64_t n = 0;
-  int64_t seed = absl::GetFlag(FLAGS_seed);
-  const bool ok = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &n) && n >= 1 &&
-                  (parts.size() == 1 || (absl::SimpleAtoi(parts[1], &seed) && seed >= 0));
-  if (!ok || seed < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag,
-                     ": expected a positive count and an optional seed >= 0, e.g. 128 or 128,7; "
-                     "got '",
-                     text, "'"));
-  }
-  return std::pair<int64_t, uint64_t>{n, static_cast<uint64_t>(seed)};
-}
-
-// `t` ([rows...] of `rank3` dims, or the same with a leading 1) as [1, dims...]: a copy when it
-// has rank 3. INVALID_ARGUMENT naming the flag otherwise.
-absl::StatusOr<HostTensor> BatchOfOne(absl::string_view flag, HostTensor t,
-                                      absl::string_view expected) {
-  if (t.rank() == 4 && t.dim(0) == 1) return t;
-  if (t.rank() != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": expected ", expected, ", got ", t.DebugString()));
-  }
-  absl::StatusOr<HostTensor> out = HostTensor::Create(t.dtype(), {1, t.dim(0), t.dim(1), t.dim(2)});
-  if (!out.ok()) return out.status();
-  std::memcpy(out->data(), t.data(), t.nbytes());
-  return out;
-}
-
-// --k and --v read in the context's dtype as [1, T, Hkv, D], checked against the context.
-// `*exit_code` is local for a file that cannot be read, usage for one that does not fit.
-absl::Status ReadContextRows(const v1::ContextStatus& c, DType dtype, HostTensor* k, HostTensor* v,
-                             int* exit_code) {
-  const std::pair<const char*, std::string> files[] = {{"k", absl::GetFlag(FLAGS_k)},
-                                                       {"v", absl::GetFlag(FLAGS_v)}};
-  HostTensor* outs[] = {k, v};
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<HostTensor> t = ReadNpy(files[i].second, dtype);
-    if (!t.ok()) {
-      *exit_code = kExitLocal;
-      return absl::Status(t.status().code(),
-                          absl::StrCat("--", files[i].first, ": ", t.status().message()));
-    }
-    *exit_code = kExitUsage;
-    absl::StatusOr<HostTensor> rows =
-        BatchOfOne(files[i].first, *std::move(t), "[T, Hkv, D] or [1, T, Hkv, D]");
-    if (!rows.ok()) return rows.status();
-    if (rows->dim(2) != c.kv_heads() || rows->dim(3) != c.head_dim()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", files[i].first, ": ", rows->DebugString(), " does not fit context '",
-                       c.name(), "' (kv_heads ", c.kv_heads(), ", head_dim ", c.head_dim(), ")"));
-    }
-    *outs[i] = *std::move(rows);
-  }
-  if (k->dims() != v->dims()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--k and --v differ: ", k->DebugString(), " and ", v->DebugString()));
-  }
-  return absl::OkStatus();
-}
-
 // --- create ---
 
 int CreateMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context create";
-  absl::StatusOr<std::string> name = NameOperand(flags);
+  absl::StatusOr<std::string> name = ContextName(flags);
   if (!name.ok()) return UsageError(kCmd, name.status());
   DType dtype = DType::kBF16;
   if (flags.Has("dtype")) {
@@ -235,11 +124,11 @@ int CreateMain(const FlagSet& flags) {
                                 "--ttl: expected whole seconds >= 0 such as 90s or 10m, got ",
                                 absl::FormatDuration(ttl))));
   }
-  absl::StatusOr<Call> call = StartCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::ContextStatus> c =
       call->client->CreateContext(*name, dtype, *kv_heads, *head_dim, capacity, ttl, call->options);
-  if (!c.ok()) return CallFailed("CreateContext", *name, c.status());
+  if (!c.ok()) return ContextCallFailed("CreateContext", *name, c.status());
   if (absl::GetFlag(FLAGS_json)) return PrintProtoJson(*c);
   PrintStatus(*c);
   return kExitOk;
@@ -249,7 +138,7 @@ int CreateMain(const FlagSet& flags) {
 
 int AppendMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context append";
-  absl::StatusOr<std::string> name = NameOperand(flags);
+  absl::StatusOr<std::string> name = ContextName(flags);
   if (!name.ok()) return UsageError(kCmd, name.status());
   const bool files = flags.Has("k") || flags.Has("v");
   if (files == flags.Has("random")) {
@@ -272,12 +161,12 @@ int AppendMain(const FlagSet& flags) {
     random = *r;
   }
   // Long appends need a long deadline: the default is run's.
-  absl::StatusOr<Call> call = StartCall(flags, absl::Minutes(5));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Minutes(5));
   if (!call.ok()) return UsageError(kCmd, call.status());
 
   // The context's dtype and row shape, to read or make rows that fit.
   absl::StatusOr<v1::ContextStatus> before = call->client->GetContext(*name, call->options);
-  if (!before.ok()) return CallFailed("GetContext", *name, before.status());
+  if (!before.ok()) return ContextCallFailed("GetContext", *name, before.status());
   absl::StatusOr<DType> dtype = DTypeFromProto(before->dtype());
   if (!dtype.ok()) return Report(kCmd, dtype.status(), kExitLocal);
   HostTensor k, v;
@@ -311,7 +200,7 @@ int AppendMain(const FlagSet& flags) {
       call->client->AppendContext(*name, k, v, expect, options);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   bar.Finish();
-  if (!after.ok()) return CallFailed("AppendContext", *name, after.status());
+  if (!after.ok()) return ContextCallFailed("AppendContext", *name, after.status());
   const double rows_per_s = seconds > 0 ? rows / seconds : 0;
   const double mb_per_s = seconds > 0 ? bytes / seconds / 1e6 : 0;
   if (absl::GetFlag(FLAGS_json)) {
@@ -335,142 +224,16 @@ int AppendMain(const FlagSet& flags) {
   return kExitOk;
 }
 
-// --- attend ---
-
-int AttendMain(const FlagSet& flags) {
-  constexpr absl::string_view kCmd = "context attend";
-  absl::StatusOr<std::string> name = NameOperand(flags);
-  if (!name.ok()) return UsageError(kCmd, name.status());
-  if (flags.Has("q") == flags.Has("random_q")) {
-    return UsageError(
-        kCmd, absl::InvalidArgumentError("give either --q (a .npy file) or --random-q NQ[,SEED]"));
-  }
-  const bool kv_files = flags.Has("k") || flags.Has("v");
-  if (CheckRequested() != kv_files || (kv_files && !(flags.Has("k") && flags.Has("v")))) {
-    return UsageError(
-        kCmd, absl::InvalidArgumentError(
-                  "--check needs the context's rows as --k and --v (.npy files holding every "
-                  "row appended, in order), and --k/--v are only for --check"));
-  }
-  absl::StatusOr<v1::AttentionSpec> spec = ParseSpecJsonProto(absl::GetFlag(FLAGS_spec));
-  if (!spec.ok()) return UsageError(kCmd, spec.status());
-  if (absl::GetFlag(FLAGS_causal)) spec->set_causal(true);
-  std::optional<int64_t> q_offset;
-  if (flags.Has("q_offset")) {
-    absl::StatusOr<int64_t> p = IntAtLeast(FLAGS_q_offset, 0);
-    if (!p.ok()) return UsageError(kCmd, p.status());
-    q_offset = *p;
-  }
-  std::optional<int64_t> q_heads;
-  if (flags.Has("q_heads")) {
-    absl::StatusOr<int64_t> h = IntAtLeast(FLAGS_q_heads, 1);
-    if (!h.ok()) return UsageError(kCmd, h.status());
-    q_heads = *h;
-  }
-  std::optional<std::pair<int64_t, uint64_t>> random;
-  if (flags.Has("random_q")) {
-    auto r = CountAndSeed("random-q", absl::GetFlag(FLAGS_random_q));
-    if (!r.ok()) return UsageError(kCmd, r.status());
-    random = *r;
-  }
-  if (absl::StatusOr<double> t = NonNegative(FLAGS_tolerance); !t.ok()) {
-    return UsageError(kCmd, t.status());
-  }
-  absl::StatusOr<Call> call = StartCall(flags, absl::Minutes(5));
-  if (!call.ok()) return UsageError(kCmd, call.status());
-
-  // The context's dtype, heads and rows: Q is made or read to fit them.
-  absl::StatusOr<v1::ContextStatus> c = call->client->GetContext(*name, call->options);
-  if (!c.ok()) return CallFailed("GetContext", *name, c.status());
-  absl::StatusOr<DType> dtype = DTypeFromProto(c->dtype());
-  if (!dtype.ok()) return Report(kCmd, dtype.status(), kExitLocal);
-
-  Problem problem;  // Q, and for --check the context's rows
-  problem.spec = *spec;
-  std::string q_source;
-  if (random) {
-    absl::StatusOr<HostTensor> q = HostTensor::Create(
-        *dtype, {1, random->first, q_heads.value_or(c->kv_heads()), c->head_dim()});
-    if (!q.ok()) return Report(kCmd, q.status(), kExitLocal);
-    FillUniform(*q, random->second);
-    problem.q = *std::move(q);
-    q_source = absl::StrCat(", random seed ", random->second);
-  } else {
-    absl::StatusOr<HostTensor> q = ReadNpy(absl::GetFlag(FLAGS_q), *dtype);
-    if (!q.ok()) {
-      return Report(kCmd,
-                    absl::Status(q.status().code(), absl::StrCat("--q: ", q.status().message())),
-                    kExitLocal);
-    }
-    absl::StatusOr<HostTensor> q4 = BatchOfOne("q", *std::move(q), "[Nq, Hq, D] or [1, Nq, Hq, D]");
-    if (!q4.ok()) return UsageError(kCmd, q4.status());
-    if (q_heads && q4->dim(2) != *q_heads) {
-      return UsageError(kCmd, absl::InvalidArgumentError(absl::StrCat(
-                                  "--q-heads ", *q_heads, " differs from --q's ", q4->dim(2))));
-    }
-    problem.q = *std::move(q4);
-    q_source = absl::StrCat(" from ", absl::GetFlag(FLAGS_q));
-  }
-  const int64_t nq = problem.q.dim(1);
-  int64_t kv_rows = c->tokens();
-  if (CheckRequested()) {
-    int exit_code = kExitUsage;
-    if (absl::Status s = ReadContextRows(*c, *dtype, &problem.k, &problem.v, &exit_code); !s.ok()) {
-      return exit_code == kExitUsage ? UsageError(kCmd, s) : Report(kCmd, s, exit_code);
-    }
-    if (problem.k.dim(1) != c->tokens()) {
-      return UsageError(kCmd, absl::InvalidArgumentError(absl::StrCat(
-                                  "--k and --v hold ", problem.k.dim(1), " rows but context '",
-                                  *name, "' holds ", c->tokens())));
-    }
-    kv_rows = problem.k.dim(1);
-    if (absl::Status s = ValidateCheckFlags(problem.q, kv_rows); !s.ok()) {
-      return UsageError(kCmd, s);
-    }
-    // The server's default offset puts the queries on the context's last rows.
-    problem.q_offset = q_offset.value_or(kv_rows - nq);
-  }
-
-  client::AttendInput input;
-  input.q = &problem.q;
-  input.shape = AttentionShape{1, nq, problem.q.dim(2), c->kv_heads(), c->head_dim()};
-  input.context = *name;
-  input.spec = problem.spec;
-  input.return_lse = true;
-  input.q_offset = q_offset;
-  ProgressBar bar;
-  client::CallOptions options = call->options;
-  if (ProgressWanted()) options.progress = [&bar](const client::Progress& p) { bar.Update(p); };
-  absl::StatusOr<client::AttendResult> result = call->client->Attend(input, options);
-  bar.Finish();
-  if (!result.ok()) {
-    const bool local = result.status().code() == absl::StatusCode::kDataLoss;
-    return Report(absl::StrCat("Attend to context '", *name, "' failed"), result.status(),
-                  local ? kExitLocal : RpcExitCode(result.status()));
-  }
-  PrintAttendResult(
-      absl::StrCat("Q ", problem.q.DebugString(), q_source, "; context '", *name, "' (", kv_rows,
-                   " rows, kv_heads ", c->kv_heads(), "), q_offset ",
-                   q_offset ? absl::StrCat(*q_offset)
-                            : absl::StrCat("default (", kv_rows - nq, ": the last rows)")),
-      problem.spec, *result);
-  if (int exit_code = WriteAttendOutputs(flags, *result); exit_code != kExitOk) return exit_code;
-  if (!CheckRequested()) return kExitOk;
-  absl::StatusOr<CheckOutcome> outcome = CheckAgainstReference(problem, *result);
-  if (!outcome.ok()) return Report("--check", outcome.status(), kExitLocal);
-  return PrintCheck(*outcome);
-}
-
 // --- stats, list, delete ---
 
 int StatsMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context stats";
-  absl::StatusOr<std::string> name = NameOperand(flags);
+  absl::StatusOr<std::string> name = ContextName(flags);
   if (!name.ok()) return UsageError(kCmd, name.status());
-  absl::StatusOr<Call> call = StartCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::ContextStatus> c = call->client->GetContext(*name, call->options);
-  if (!c.ok()) return CallFailed("GetContext", *name, c.status());
+  if (!c.ok()) return ContextCallFailed("GetContext", *name, c.status());
   if (absl::GetFlag(FLAGS_json)) return PrintProtoJson(*c);
   PrintStatus(*c);
   return kExitOk;
@@ -478,7 +241,7 @@ int StatsMain(const FlagSet& flags) {
 
 int ListMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context list";
-  absl::StatusOr<Call> call = StartCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::ListContextsResponse> list = call->client->ListContexts(call->options);
   if (!list.ok()) {
@@ -505,12 +268,12 @@ int ListMain(const FlagSet& flags) {
 
 int DeleteMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context delete";
-  absl::StatusOr<std::string> name = NameOperand(flags);
+  absl::StatusOr<std::string> name = ContextName(flags);
   if (!name.ok()) return UsageError(kCmd, name.status());
-  absl::StatusOr<Call> call = StartCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::DeleteContextResponse> d = call->client->DeleteContext(*name, call->options);
-  if (!d.ok()) return CallFailed("DeleteContext", *name, d.status());
+  if (!d.ok()) return ContextCallFailed("DeleteContext", *name, d.status());
   if (absl::GetFlag(FLAGS_json)) {
     Json report = Json::Object();
     report.Set("context", *name).Set("deleted", true).Set("in_use", d->in_use());
@@ -598,7 +361,7 @@ std::vector<Command> ContextCommands() {
       "give them as --k and --v files (every row appended, in order, as context append took\n"
       "them); without those files --check is refused.\n",
       WithConnection("5m", std::move(attend_flags)),
-      &AttendMain,
+      &ContextAttendMain,
       /*operands=*/1,
   };
   Command stats{
