@@ -176,8 +176,9 @@ class AttnClient {
 
   // Contexts (attn_client_regions.cc), not retried (an append re-sent could add rows twice).
   // ttl: 0 is the server's default. AppendContext streams k and v ([T, Hkv, D] or [1, T, Hkv, D],
-  // the context's dtype) in options().chunk_bytes chunks; with expect_tokens the server refuses
-  // (FAILED_PRECONDITION) unless the context holds exactly that many rows when it commits.
+  // the context's dtype) in options().chunk_bytes chunks, calling options.progress (on the
+  // caller's thread) after each; with expect_tokens the server refuses (FAILED_PRECONDITION)
+  // unless the context holds exactly that many rows when it commits.
   absl::StatusOr<attnserve::v1::ContextStatus> CreateContext(
       const std::string& name, DType dtype, int64_t kv_heads, int64_t head_dim,
       int64_t capacity_tokens = 0, absl::Duration ttl = absl::ZeroDuration(),

@@ -116,6 +116,8 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContext(const std::string& n
   if (expect_tokens) m.mutable_header()->set_expect_tokens(*expect_tokens);
   bool ok = writer->Write(m);
   const int64_t chunk = options_.chunk_bytes;
+  Progress progress;
+  progress.send_total_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
   for (auto [kind, t] : {std::pair{v1::TENSOR_K, &k}, std::pair{v1::TENSOR_V, &v}}) {
     const int64_t total = static_cast<int64_t>(t->nbytes());
     for (int64_t off = 0; ok && off < total; off += chunk) {
@@ -123,8 +125,11 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContext(const std::string& n
       v1::TensorChunk* c = m.mutable_chunk();
       c->set_tensor(kind);
       c->set_offset(off);
-      c->set_data(reinterpret_cast<const char*>(t->data()) + off, std::min(chunk, total - off));
+      const int64_t n = std::min(chunk, total - off);
+      c->set_data(reinterpret_cast<const char*>(t->data()) + off, n);
       ok = writer->Write(m);  // false: the server ended the call; Finish says why
+      progress.sent_bytes += n;
+      if (ok && options.progress) options.progress(progress);
     }
   }
   if (ok) writer->WritesDone();

@@ -287,7 +287,9 @@ int BenchMain(const FlagSet& flags) {
   if (!placement.ok()) return UsageError("bench", placement.status());
   absl::StatusOr<Load> load = LoadFromFlags(flags);
   if (!load.ok()) return UsageError("bench", load.status());
-  if (absl::Status s = ValidateCheckFlags(problem->q); !s.ok()) return UsageError("bench", s);
+  if (absl::Status s = ValidateCheckFlags(problem->q, problem->k.dim(1)); !s.ok()) {
+    return UsageError("bench", s);
+  }
   absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
   if (!client.ok()) return UsageError("bench", client.status());
   absl::StatusOr<RegionMode> region_mode = RegionModeFromFlags();
@@ -300,6 +302,7 @@ int BenchMain(const FlagSet& flags) {
   input.spec = problem->spec;
   input.return_lse = load->keep_first_result;
   input.placement = *placement;
+  input.q_offset = problem->q_offset;
   // --shm / --cuda-ipc: every request reads the one region (and writes the same O into it).
   std::unique_ptr<RegionSession> regions;
   if (*region_mode != RegionMode::kNone) {
@@ -337,6 +340,7 @@ int BenchMain(const FlagSet& flags) {
 Command BenchCommand() {
   std::vector<FlagUse> flags = ConnectionFlags();
   for (const FlagUse& use : ProblemFlags()) flags.push_back(use);
+  for (const FlagUse& use : ShapeFlags()) flags.push_back(use);
   flags.insert(flags.end(), {{"concurrency", "C"}, {"requests", "R"}, {"duration", "DURATION"}});
   for (const FlagUse& use : CheckFlags()) flags.push_back(use);
   flags.insert(flags.end(),
@@ -344,7 +348,8 @@ Command BenchCommand() {
   for (const FlagUse& use : RegionFlags()) flags.push_back(use);
   return Command{
       "bench",
-      "bench --server HOST:PORT --random B,N,Hq,Hkv,D (--requests R | --duration 10s)\n"
+      "bench --server HOST:PORT --random B,N,Hq,Hkv,D [--q-len NQ] [--kv-len NKV]\n"
+      "      [--q-offset P] (--requests R | --duration 10s)\n"
       "      [--concurrency C] [--spec JSON] [--causal] [--dtype bf16] [--seed S] [--check]\n"
       "      [--tolerance T] [--json] [--timeout 5m] [--chunk-bytes N] [--connections N]\n"
       "      [--max-attempts N]\n"

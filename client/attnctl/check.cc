@@ -18,9 +18,10 @@ namespace {
 
 constexpr double kMaxReferenceFlops = 5e10;
 
-// Float64 multiply-adds of the reference for inputs like `q` (dense upper bound).
-double ReferenceCost(const HostTensor& q) {
-  return 2.0 * static_cast<double>(q.dim(0)) * q.dim(2) * q.dim(1) * q.dim(1) * q.dim(3);
+// Float64 multiply-adds of the reference for inputs like `q` against `kv_tokens` keys (dense
+// upper bound).
+double ReferenceCost(const HostTensor& q, int64_t kv_tokens) {
+  return 2.0 * static_cast<double>(q.dim(0)) * q.dim(2) * q.dim(1) * kv_tokens * q.dim(3);
 }
 
 }  // namespace
@@ -29,16 +30,17 @@ std::vector<FlagUse> CheckFlags() { return {{"check", ""}, {"tolerance", "T"}}; 
 
 bool CheckRequested() { return absl::GetFlag(FLAGS_check); }
 
-absl::Status ValidateCheckFlags(const HostTensor& q) {
+absl::Status ValidateCheckFlags(const HostTensor& q, int64_t kv_tokens) {
   if (absl::StatusOr<double> t = NonNegative(FLAGS_tolerance); !t.ok()) return t.status();
   // Inputs that are not [B, N, H, D] are left to the server to refuse.
-  if (!CheckRequested() || q.rank() != 4 || ReferenceCost(q) <= kMaxReferenceFlops) {
-    return absl::OkStatus();
-  }
+  if (!CheckRequested() || q.rank() != 4) return absl::OkStatus();
+  if (kv_tokens <= 0) kv_tokens = q.dim(1);
+  const double cost = ReferenceCost(q, kv_tokens);
+  if (cost <= kMaxReferenceFlops) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
-      "--check: the float64 reference of %s would take %.3g FLOPs (limit %.3g); use a smaller "
-      "shape",
-      q.DebugString(), ReferenceCost(q), kMaxReferenceFlops));
+      "--check: the float64 reference of %s against %d keys would take %.3g FLOPs (limit "
+      "%.3g); use a smaller shape",
+      q.DebugString(), kv_tokens, cost, kMaxReferenceFlops));
 }
 
 absl::StatusOr<CheckOutcome> CheckAgainstReference(const Problem& p,
@@ -46,6 +48,7 @@ absl::StatusOr<CheckOutcome> CheckAgainstReference(const Problem& p,
   const double tolerance = absl::GetFlag(FLAGS_tolerance);  // >= 0: ValidateCheckFlags
   absl::StatusOr<AttentionSpec> spec = SpecFromProto(p.spec);
   if (!spec.ok()) return spec.status();
+  spec->q_offset = p.q_offset.value_or(0);
   absl::StatusOr<ReferenceResult> ref = ReferenceAttention(*spec, p.q, p.k, p.v);
   if (!ref.ok()) return ref.status();
   const ErrorStats stats = CompareToReference(*ref, r.o, r.lse ? &*r.lse : nullptr);

@@ -22,9 +22,10 @@ std::vector<FlagUse> CheckFlags();
 bool CheckRequested();
 
 // INVALID_ARGUMENT (a usage error) for a negative --tolerance, or for --check when the reference
-// of inputs like `q` would take too long to be worth computing (above 5e10 float64
-// multiply-adds, minutes of CPU time). Called before anything is sent.
-absl::Status ValidateCheckFlags(const HostTensor& q);
+// of inputs like `q` against `kv_tokens` keys (<= 0: as many as q's tokens) would take too long
+// to be worth computing (above 5e10 float64 multiply-adds, minutes of CPU time). Called before
+// anything is sent.
+absl::Status ValidateCheckFlags(const HostTensor& q, int64_t kv_tokens = 0);
 
 struct CheckOutcome {
   double o_rel = 0;        // max |O - ref| / max |ref|
@@ -34,8 +35,9 @@ struct CheckOutcome {
   bool pass = false;
 };
 
-// Computes the reference of `p` and compares `r` with it. The bound is --tolerance when it is
-// given (> 0), otherwise 1e-4 for f32 inputs on the cpu backend and 2e-2 for everything else.
+// Computes the reference of `p` (its q_offset included) and compares `r` with it. The bound is
+// --tolerance when it is given (> 0), otherwise 1e-4 for f32 inputs on the cpu backend and 2e-2
+// for everything else.
 absl::StatusOr<CheckOutcome> CheckAgainstReference(const Problem& p,
                                                    const client::AttendResult& r);
 

@@ -1,6 +1,7 @@
 // What every attnctl subcommand shares: exit codes, error reporting, the connection flags and the
 // subcommand table entry (Command). One file per subcommand (run.cc, bench.cc, health.cc,
-// describe.cc) defines its own flags and its Command; main.cc dispatches.
+// describe.cc; context.cc for the `context` group) defines its own flags and its Command; main.cc
+// dispatches.
 #ifndef ATTNSERVE_CLIENT_ATTNCTL_COMMON_H_
 #define ATTNSERVE_CLIENT_ATTNCTL_COMMON_H_
 
@@ -36,18 +37,22 @@ extern const char kExitCodesHelp[];
 
 // One subcommand.
 struct Command {
-  absl::string_view name;      // "run"
+  absl::string_view name;      // "run"; "context create" for a command of the context group
   absl::string_view synopsis;  // the usage line(s) after "attnctl "
   absl::string_view summary;   // what it does, a paragraph
   std::vector<FlagUse> flags;  // what it accepts, in help order
   // Runs it once its flags are set; returns the exit code.
   int (*main)(const FlagSet& flags);
+  // Arguments that are not flags it takes (a context's NAME): FlagSet::operands.
+  int operands = 0;
 };
 
 Command RunCommand();
 Command BenchCommand();
 Command HealthCommand();
 Command DescribeCommand();
+// context create, append, attend, stats, list, delete (context.cc).
+std::vector<Command> ContextCommands();
 
 // "attnctl run --help": synopsis, summary, flags and exit codes.
 std::string CommandHelp(const Command& command);

@@ -50,9 +50,14 @@ std::string DashedFlag(absl::string_view name) {
 }
 
 absl::StatusOr<FlagSet> ParseCommandFlags(const std::vector<FlagUse>& accepted,
-                                          const std::vector<std::string>& args) {
+                                          const std::vector<std::string>& args, int max_operands) {
   FlagSet set;
   for (size_t i = 0; i < args.size(); ++i) {
+    const bool operand = args[i].rfind("-", 0) != 0 && !args[i].empty();
+    if (operand && static_cast<int>(set.operands_.size()) < max_operands) {
+      set.operands_.push_back(args[i]);
+      continue;
+    }
     if (args[i].rfind("--", 0) != 0 || args[i].size() == 2) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args[i], "'"));
     }
@@ -108,7 +113,7 @@ std::string FlagsHelp(const std::vector<FlagUse>& flags) {
     std::string help = flag->Help();
     const std::string default_text =
         use.default_text.empty() ? flag->DefaultValue() : std::string(use.default_text);
-    if (!flag->IsOfType<bool>() && !default_text.empty()) {
+    if (!flag->IsOfType<bool>() && !default_text.empty() && default_text != "-") {
       absl::StrAppend(&help, " (default ", default_text, ")");
     }
     absl::StrAppend(&out, left, Wrap(help, kHelpColumn, kHelpColumn, kWidth), "\n");

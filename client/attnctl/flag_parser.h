@@ -26,7 +26,8 @@ struct FlagUse {
   // What the value looks like in help ("HOST:PORT"); empty for boolean flags.
   absl::string_view value_name;
   // Shown as the default instead of the flag's own, for a subcommand whose default differs (its
-  // code applies that default when the flag is absent: FlagSet::Has).
+  // code applies that default when the flag is absent: FlagSet::Has); "-" shows none (a required
+  // flag, or one whose absence means something its help says).
   absl::string_view default_text = {};
 };
 
@@ -35,19 +36,25 @@ class FlagSet {
  public:
   // True when the flag (absl name) was on the command line, even with its default value.
   bool Has(absl::string_view name) const { return present_.count(std::string(name)) > 0; }
+  // The arguments that are not flags (a context's NAME), in command-line order.
+  const std::vector<std::string>& operands() const { return operands_; }
 
  private:
   friend absl::StatusOr<FlagSet> ParseCommandFlags(const std::vector<FlagUse>& accepted,
-                                                   const std::vector<std::string>& args);
+                                                   const std::vector<std::string>& args,
+                                                   int max_operands);
   std::set<std::string> present_;
+  std::vector<std::string> operands_;
 };
 
 // Parses "--name value", "--name=value" and bare boolean "--name" (or "--name=true|false") for
-// the flags in `accepted`, dashes or underscores in the name. INVALID_ARGUMENT naming the
-// argument for anything else: a positional argument, an unknown flag, a missing or malformed
-// value. Flags not given keep their defaults.
+// the flags in `accepted`, dashes or underscores in the name, and up to `max_operands` arguments
+// that are not flags (before, between or after the flags). INVALID_ARGUMENT naming the argument
+// for anything else: a positional argument past `max_operands`, an unknown flag, a missing or
+// malformed value. Flags not given keep their defaults.
 absl::StatusOr<FlagSet> ParseCommandFlags(const std::vector<FlagUse>& accepted,
-                                          const std::vector<std::string>& args);
+                                          const std::vector<std::string>& args,
+                                          int max_operands = 0);
 
 // "  --chunk-bytes N   <help> (default 4194304)" for each flag, wrapped for a terminal.
 std::string FlagsHelp(const std::vector<FlagUse>& flags);

@@ -41,8 +41,8 @@ TEST_F(FlagParserTest, DashesUnderscoresSeparateAndJoinedValues) {
   EXPECT_TRUE(set->Has("test_count"));
   EXPECT_TRUE(set->Has("test_wait"));
 
-  set = ParseCommandFlags(accepted_, {"--test-count=-2", "--test-switch=false", "--test-text",
-                                      "--not-a-flag"});
+  set = ParseCommandFlags(
+      accepted_, {"--test-count=-2", "--test-switch=false", "--test-text", "--not-a-flag"});
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(absl::GetFlag(FLAGS_test_count), -2);
   EXPECT_FALSE(absl::GetFlag(FLAGS_test_switch));
@@ -67,6 +67,22 @@ TEST_F(FlagParserTest, UsageErrorsNameTheArgument) {
             "--test-wait: expected a duration such as 500ms, 30s or 5m, got 'soon'");
 }
 
+TEST_F(FlagParserTest, OperandsAnywhereUpToTheLimit) {
+  absl::StatusOr<FlagSet> set =
+      ParseCommandFlags(accepted_, {"--test-count", "7", "ctx-1", "--test-switch"}, 1);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->operands(), std::vector<std::string>{"ctx-1"});
+  EXPECT_EQ(absl::GetFlag(FLAGS_test_count), 7);  // a flag's value is never an operand
+  set = ParseCommandFlags(accepted_, {"a", "--test-text=t"}, 2);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->operands(), std::vector<std::string>{"a"});
+  set = ParseCommandFlags(accepted_, {"a", "b"}, 1);
+  ASSERT_FALSE(set.ok());
+  EXPECT_EQ(set.status().message(), "unexpected argument 'b'");
+  set = ParseCommandFlags(accepted_, {"-x"}, 1);  // a single dash is no operand
+  EXPECT_FALSE(set.ok());
+}
+
 TEST_F(FlagParserTest, RangeChecks) {
   absl::SetFlag(&FLAGS_test_count, 0);
   EXPECT_EQ(IntAtLeast(FLAGS_test_count, 1).status().message(),
@@ -87,6 +103,10 @@ TEST_F(FlagParserTest, HelpListsEachFlagWithItsDefault) {
   EXPECT_NE(help.find("--test-switch "), std::string::npos) << help;
   EXPECT_NE(help.find("a wait (default 2s)"), std::string::npos) << help;  // the override
   EXPECT_EQ(help.find("test-bound"), std::string::npos) << help;
+  // "-": no default shown.
+  const std::string bound = FlagsHelp({{"test_bound", "B", "-"}});
+  EXPECT_NE(bound.find("a bound"), std::string::npos) << bound;
+  EXPECT_EQ(bound.find("default"), std::string::npos) << bound;
   EXPECT_EQ(DashedFlag("max_attempts"), "--max-attempts");
 }
 

@@ -17,11 +17,19 @@ ABSL_FLAG(std::string, spec, R"({"dense": {}})",
           R"('{"blockSparse": {"blockSize": 64, "localWindow": {"width": 2}}}')");
 ABSL_FLAG(bool, causal, false, "sets causal = true on top of --spec");
 ABSL_FLAG(std::string, dtype, "",
-          "f32, f16 or bf16 (default: the .npy files' dtype; bf16 with --random). bf16 .npy "
-          "files hold the raw bits as '<u2': pass --dtype bf16 to read them");
+          "f32, f16 or bf16 (run, bench: default the .npy files' dtype, bf16 with --random; "
+          "context create: the context's, default bf16). bf16 .npy files hold the raw bits as "
+          "'<u2': pass --dtype bf16 to read them");
 ABSL_FLAG(std::string, random, "",
-          "random inputs of this shape, uniform in [-1, 1), instead of .npy files");
+          "random inputs of this shape, uniform in [-1, 1), instead of .npy files (context "
+          "append: ROWS[,SEED] random K and V rows of the context's shape, K from SEED and V "
+          "from SEED+1, SEED defaulting to --seed)");
 ABSL_FLAG(int64_t, seed, 1, "seed of --random: Q uses S, K S+1, V S+2");
+ABSL_FLAG(int64_t, q_len, 0, "with --random: Q's token count Nq instead of N");
+ABSL_FLAG(int64_t, kv_len, 0, "with --random: K's and V's token count Nkv instead of N");
+ABSL_FLAG(int64_t, q_offset, 0,
+          "position of query row 0 among the keys (query row i sits at q_offset + i; causal "
+          "masks compare positions); run and bench: 0, context attend: the context's last rows");
 ABSL_FLAG(std::string, placement, "auto",
           "placement hint: auto (the server's planner decides), single (one device), data (data "
           "parallel: batch x heads over devices), ring (sequence over devices); the response "
@@ -47,15 +55,26 @@ absl::StatusOr<std::vector<int64_t>> ParseDims(const std::string& text) {
   return dims;
 }
 
-absl::Status FillRandom(DType dtype, Problem& p) {
+// --q-len / --kv-len when given (>= 1), else `n`.
+absl::StatusOr<int64_t> TokensOr(const FlagSet& flags, const char* name,
+                                 const absl::Flag<int64_t>& flag, int64_t n) {
+  if (!flags.Has(name)) return n;
+  return IntAtLeast(flag, 1);
+}
+
+absl::Status FillRandom(const FlagSet& flags, DType dtype, Problem& p) {
   absl::StatusOr<std::vector<int64_t>> dims = ParseDims(absl::GetFlag(FLAGS_random));
   if (!dims.ok()) return dims.status();
   const std::vector<int64_t>& d = *dims;
-  absl::StatusOr<HostTensor> q = HostTensor::Create(dtype, {d[0], d[1], d[2], d[4]});
+  absl::StatusOr<int64_t> nq = TokensOr(flags, "q_len", FLAGS_q_len, d[1]);
+  if (!nq.ok()) return nq.status();
+  absl::StatusOr<int64_t> nkv = TokensOr(flags, "kv_len", FLAGS_kv_len, d[1]);
+  if (!nkv.ok()) return nkv.status();
+  absl::StatusOr<HostTensor> q = HostTensor::Create(dtype, {d[0], *nq, d[2], d[4]});
   if (!q.ok()) return q.status();
-  absl::StatusOr<HostTensor> k = HostTensor::Create(dtype, {d[0], d[1], d[3], d[4]});
+  absl::StatusOr<HostTensor> k = HostTensor::Create(dtype, {d[0], *nkv, d[3], d[4]});
   if (!k.ok()) return k.status();
-  absl::StatusOr<HostTensor> v = HostTensor::Create(dtype, {d[0], d[1], d[3], d[4]});
+  absl::StatusOr<HostTensor> v = HostTensor::Create(dtype, {d[0], *nkv, d[3], d[4]});
   if (!v.ok()) return v.status();
   FillUniform(*q, p.seed);
   FillUniform(*k, p.seed + 1);
@@ -97,6 +116,10 @@ std::vector<FlagUse> ProblemFlags() {
           {"seed", "S"}};
 }
 
+std::vector<FlagUse> ShapeFlags() {
+  return {{"q_len", "NQ", "-"}, {"kv_len", "NKV", "-"}, {"q_offset", "P"}};
+}
+
 FlagUse PlacementFlag() { return {"placement", "auto|single|data|ring"}; }
 
 absl::StatusOr<Problem> LoadProblem(const FlagSet& flags, const InputFiles* files,
@@ -116,17 +139,30 @@ absl::StatusOr<Problem> LoadProblem(const FlagSet& flags, const InputFiles* file
   absl::StatusOr<int64_t> seed = IntAtLeast(FLAGS_seed, 0);
   if (!seed.ok()) return seed.status();
   p.seed = static_cast<uint64_t>(*seed);
+  if (flags.Has("q_offset")) {
+    absl::StatusOr<int64_t> offset = IntAtLeast(FLAGS_q_offset, 0);
+    if (!offset.ok()) return offset.status();
+    p.q_offset = *offset;
+  }
   if (flags.Has("random")) {
     if (files != nullptr && (files->q || files->k || files->v)) {
       return absl::InvalidArgumentError("--random and --q/--k/--v are exclusive");
     }
-    if (absl::Status s = FillRandom(dtype.value_or(DType::kBF16), p); !s.ok()) return s;
+    if (absl::Status s = FillRandom(flags, dtype.value_or(DType::kBF16), p); !s.ok()) return s;
   } else {
     if (files == nullptr) return absl::InvalidArgumentError("--random B,N,Hq,Hkv,D is required");
+    if (flags.Has("q_len") || flags.Has("kv_len")) {
+      return absl::InvalidArgumentError(
+          "--q-len and --kv-len shape --random inputs; .npy inputs bring their own token counts");
+    }
     if (absl::Status s = ReadInputs(*files, dtype, p, exit_code); !s.ok()) return s;
   }
   p.description =
       absl::StrCat(p.q.DebugString(), ", kv_heads ", p.k.rank() == 4 ? p.k.dim(2) : int64_t{-1});
+  if (p.q.rank() == 4 && p.k.rank() == 4 && p.k.dim(1) != p.q.dim(1)) {
+    absl::StrAppend(&p.description, ", kv_tokens ", p.k.dim(1));
+  }
+  if (p.q_offset) absl::StrAppend(&p.description, ", q_offset ", *p.q_offset);
   return p;
 }
 

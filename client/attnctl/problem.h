@@ -1,5 +1,6 @@
 // The request run and bench send: inputs from --random (seeded) or from .npy files, --spec with
-// --causal on top, and the --placement hint.
+// --causal on top, the inference-shape flags (--q-len, --kv-len, --q-offset) and the --placement
+// hint.
 #ifndef ATTNSERVE_CLIENT_ATTNCTL_PROBLEM_H_
 #define ATTNSERVE_CLIENT_ATTNCTL_PROBLEM_H_
 
@@ -16,9 +17,11 @@
 namespace attnserve::attnctl {
 
 struct Problem {
-  HostTensor q, k, v;
+  HostTensor q, k, v;  // q [B, Nq, Hq, D]; k, v [B, Nkv, Hkv, D] (Nkv may differ from Nq)
   v1::AttentionSpec spec;
-  std::string description;  // "[B, N, Hq, D] bf16, kv_heads Hkv"
+  // Position of query row 0 among the keys (--q-offset); unset: the server's default, 0.
+  std::optional<int64_t> q_offset;
+  std::string description;  // "[B, N, Hq, D] bf16, kv_heads Hkv[, kv_tokens Nkv][, q_offset P]"
   uint64_t seed = 0;        // --seed (used when the inputs are random)
 };
 
@@ -29,6 +32,8 @@ struct InputFiles {
 
 // --spec, --causal, --dtype, --random, --seed.
 std::vector<FlagUse> ProblemFlags();
+// --q-len, --kv-len (with --random: Q's and K/V's token counts instead of N), --q-offset.
+std::vector<FlagUse> ShapeFlags();
 // --placement.
 FlagUse PlacementFlag();
 

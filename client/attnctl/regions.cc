@@ -94,7 +94,7 @@ absl::Status RegionSession::CopyOut(int64_t offset, void* dst, int64_t n) const 
 void RegionSession::Apply(client::AttendInput* input) const {
   input->q = input->k = input->v = nullptr;
   input->shape = AttentionShape{problem_.q.dim(0), problem_.q.dim(1), problem_.q.dim(2),
-                                problem_.k.dim(2), problem_.q.dim(3)};
+                                problem_.k.dim(2), problem_.q.dim(3), problem_.k.dim(1)};
   input->dtype = problem_.q.dtype();
   input->q_region = client::TensorRegion{name_, q_, q_bytes_};
   input->k_region = client::TensorRegion{name_, k_, kv_bytes_};

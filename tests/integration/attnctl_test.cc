@@ -1,6 +1,9 @@
-// attnctl against the real server: run (random inputs with --check, and .npy inputs with --out
-// read back), describe, health, bench --json, and the documented exit codes of failures.
+// attnctl against the real server: run (random inputs with --check, keys of another length with
+// a query offset, and .npy inputs with --out read back), describe, health, bench --json, the
+// context commands (create, append in pieces, attend with --check, stats, list, delete), and the
+// documented exit codes of failures.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -154,6 +157,196 @@ TEST_F(AttnctlTest, RunNpyInputsWritesOutputs) {
     absl::Status check = CheckResult(*problem, read_back, OTolerance(dtype), LseTolerance(dtype));
     EXPECT_TRUE(check.ok()) << check;
   }
+}
+
+// Nq != Nkv: 3 queries at positions 197-199 against 200 keys (a short decode), checked against
+// the float64 reference; the same through a shared-memory region; and the flags' misuse.
+TEST_F(AttnctlTest, RunKeysOfAnotherLengthWithAnOffset) {
+  const uint64_t seed = FreshSeed();
+  CommandResult r = Attnctl({"run", Server(), "--random=1,64,4,2,32", "--q-len", "3", "--kv-len",
+                             "200", "--q-offset", "197", "--causal", "--dtype=f32",
+                             absl::StrCat("--seed=", seed), "--check", "--tolerance=1e-5"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "[1, 3, 4, 32] f32, kv_heads 2, kv_tokens 200, q_offset 197"))
+      << r.output;
+  EXPECT_TRUE(Contains(r.output, "output     O [1, 3, 4, 32]")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+
+  // Chunked prefill (40 queries at 160 over 200 keys), bf16, a window; then through --shm.
+  for (const char* via : {"--quiet", "--shm"}) {
+    r = Attnctl({"run", Server(), "--random=2,1,4,2,64", "--q-len=40", "--kv-len=200",
+                 "--q-offset=160", R"(--spec={"window": {"size": 50}, "causal": true})",
+                 absl::StrCat("--seed=", seed + 1), "--check", via});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+  }
+
+  // --q-len and --kv-len shape random inputs only.
+  r = Attnctl({"run", Server(), "--q=q.npy", "--k=k.npy", "--v=v.npy", "--q-len=3"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--q-len")) << r.output;
+  r = Attnctl({"run", Server(), "--random=1,64,1,1,16", "--kv-len=0"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// A context's life through attnctl: created, appended in two pieces guarded by --expect-tokens
+// (a wrong guard refused), attended with Q alone and checked against the float64 reference of
+// the rows appended, its stats and listing, deleted; afterwards attends name it as deleted.
+TEST_F(AttnctlTest, ContextLifecycle) {
+  absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("attnctl_ctx_");
+  ASSERT_TRUE(dir.ok());
+  const uint64_t seed = FreshSeed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  constexpr int64_t kRows = 500, kFirst = 320, kRowBytes = 2 * 64 * 2;  // bf16 [2, 64] a row
+  const HostTensor k = RandomTensor(DType::kBF16, {kRows, 2, 64}, seed);
+  const HostTensor v = RandomTensor(DType::kBF16, {kRows, 2, 64}, seed + 1);
+  ASSERT_TRUE(WriteNpy((*dir)->File("k.npy"), k).ok());
+  ASSERT_TRUE(WriteNpy((*dir)->File("v.npy"), v).ok());
+  // The pieces: rows [0, 320) as [T, Hkv, D], rows [320, 500) as [1, T, Hkv, D].
+  const struct {
+    const char* suffix;
+    std::vector<int64_t> dims;
+    int64_t from;
+  } pieces[] = {{"1", {kFirst, 2, 64}, 0}, {"2", {1, kRows - kFirst, 2, 64}, kFirst}};
+  for (const auto& p : pieces) {
+    for (const auto& [name, all] : {std::pair{"k", &k}, std::pair{"v", &v}}) {
+      HostTensor part = *HostTensor::Create(DType::kBF16, p.dims);
+      std::memcpy(part.data(), all->data() + p.from * kRowBytes, part.nbytes());
+      ASSERT_TRUE(WriteNpy((*dir)->File(absl::StrCat(name, p.suffix, ".npy")), part).ok());
+    }
+  }
+  const std::string ctx = "attnctl-ctx";
+
+  CommandResult r = Attnctl({"context", "create", ctx, Server(), "--dtype=bf16", "--kv-heads=2",
+                             "--head-dim", "64", "--ttl=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "context    " + ctx + " on cpu:0")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "0 rows, growable")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "ttl        600 s")) << r.output;
+
+  r = Attnctl({"context", "append", ctx, Server(), "--k", (*dir)->File("k1.npy"), "--v",
+               (*dir)->File("v1.npy"), "--expect-tokens=0", "--chunk-bytes=10000"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "appended   320 rows")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "rows/s")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ctx + " now 320 rows")) << r.output;
+
+  // A guard that does not hold: FAILED_PRECONDITION (10 + 9), nothing appended.
+  r = Attnctl({"context", "append", ctx, Server(), "--k", (*dir)->File("k2.npy"), "--v",
+               (*dir)->File("v2.npy"), "--expect-tokens=0"});
+  EXPECT_EQ(r.exit_code, 19) << r.output;
+  EXPECT_TRUE(Contains(r.output, "FAILED_PRECONDITION")) << r.output;
+
+  r = Attnctl({"context", "append", ctx, Server(), "--k", (*dir)->File("k2.npy"), "--v",
+               (*dir)->File("v2.npy"), "--expect-tokens=320", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  google::protobuf::Struct json;
+  ASSERT_TRUE(ParseJsonObject(r.output, &json)) << r.output;
+  EXPECT_EQ(json.fields().at("appended_rows").number_value(), kRows - kFirst);
+  EXPECT_EQ(json.fields().at("tokens").number_value(), kRows);
+
+  // Decode-like: 4 random queries (8 heads over the context's 2) on the last rows, causal
+  // window; then Q from a file at an explicit offset, written out.
+  r = Attnctl({"context", "attend", ctx, Server(), absl::StrCat("--random-q=4,", seed + 2),
+               "--q-heads=8", R"(--spec={"window": {"size": 100}, "causal": true})", "--check",
+               "--k", (*dir)->File("k.npy"), "--v", (*dir)->File("v.npy")});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "q_offset default (496")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "output     O [1, 4, 8, 64] bf16")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "server: receive")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+
+  const HostTensor q = RandomTensor(DType::kBF16, {16, 4, 64}, seed + 3);
+  ASSERT_TRUE(WriteNpy((*dir)->File("q.npy"), q).ok());
+  r = Attnctl({"context", "attend", ctx, Server(), "--q", (*dir)->File("q.npy"), "--q-offset=100",
+               R"(--spec={"dense": {}, "causal": true})", "--check", "--k", (*dir)->File("k.npy"),
+               "--v", (*dir)->File("v.npy"), "--out", (*dir)->File("o.npy")});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "q_offset 100")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+  absl::StatusOr<HostTensor> o = ReadNpy((*dir)->File("o.npy"), DType::kBF16);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->dims(), (std::vector<int64_t>{1, 16, 4, 64}));
+
+  // --check needs the rows; rows that are not the context's are refused before sending.
+  r = Attnctl({"context", "attend", ctx, Server(), "--random-q=1", "--check"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--check needs the context's rows")) << r.output;
+  r = Attnctl({"context", "attend", ctx, Server(), "--random-q=1", "--check", "--k",
+               (*dir)->File("k1.npy"), "--v", (*dir)->File("v1.npy")});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Contains(r.output, "hold 320 rows but context 'attnctl-ctx' holds 500")) << r.output;
+
+  r = Attnctl({"context", "stats", ctx, Server()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "500 rows, growable")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "attends    2 so far")) << r.output;
+  r = Attnctl({"context", "stats", ctx, Server(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(ParseJsonObject(r.output, &json)) << r.output;
+  EXPECT_EQ(json.fields().at("tokens").string_value(), "500");  // int64 in proto3 JSON
+  EXPECT_EQ(json.fields().at("device").string_value(), "cpu:0");
+
+  r = Attnctl({"context", "list", Server()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "TOKENS")) << r.output;
+  EXPECT_TRUE(Contains(r.output, ctx)) << r.output;
+  r = Attnctl({"context", "list", Server(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(ParseJsonObject(r.output, &json)) << r.output;
+  ASSERT_EQ(json.fields().at("contexts").list_value().values_size(), 1);
+
+  r = Attnctl({"context", "delete", ctx, Server()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "deleted    " + ctx)) << r.output;
+
+  // Gone: NOT_FOUND (10 + 5), the message names the context and says it was deleted.
+  r = Attnctl({"context", "attend", ctx, Server(), "--random-q=1"});
+  EXPECT_EQ(r.exit_code, 15) << r.output;
+  EXPECT_TRUE(Contains(r.output, "NOT_FOUND")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "'" + ctx + "'")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "deleted")) << r.output;
+  r = Attnctl({"context", "delete", ctx, Server()});
+  EXPECT_EQ(r.exit_code, 15) << r.output;
+  r = Attnctl({"context", "list", Server()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "no contexts")) << r.output;
+  auto list = server_->NewClient()->ListContexts();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->contexts_size(), 0);
+}
+
+// The context commands' usage errors: no NAME, unknown subcommand, exclusive flags.
+TEST_F(AttnctlTest, ContextUsageErrors) {
+  CommandResult r = Attnctl({"context", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(Contains(r.output, "attnctl context attend NAME")) << r.output;
+  r = Attnctl({"context"});
+  EXPECT_EQ(r.exit_code, 2);
+  r = Attnctl({"context", "frobnicate", "x"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.output, "unknown context subcommand 'frobnicate'")) << r.output;
+  r = Attnctl({"context", "create", Server(), "--kv-heads=2", "--head-dim=64"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.output, "NAME")) << r.output;
+  r = Attnctl({"context", "create", "a", "b", Server(), "--kv-heads=2", "--head-dim=64"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.output, "unexpected argument 'b'")) << r.output;
+  r = Attnctl({"context", "create", "a", Server(), "--head-dim=64"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.output, "--kv-heads")) << r.output;
+  r = Attnctl({"context", "create", "a", Server(), "--kv-heads=2", "--head-dim=64", "--capacity=8",
+               "--growable"});
+  EXPECT_EQ(r.exit_code, 2);
+  r = Attnctl({"context", "append", "a", Server(), "--random=8", "--k=k.npy", "--v=v.npy"});
+  EXPECT_EQ(r.exit_code, 2);
+  r = Attnctl({"context", "attend", "a", Server()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Contains(r.output, "--random-q")) << r.output;
+  // A context nobody created: NOT_FOUND naming it.
+  r = Attnctl({"context", "stats", "never-made", Server()});
+  EXPECT_EQ(r.exit_code, 15);
+  EXPECT_TRUE(Contains(r.output, "'never-made'")) << r.output;
 }
 
 TEST_F(AttnctlTest, DescribeAndHealth) {
