@@ -185,6 +185,8 @@ class Client:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             holder.cancel()
+            # The thread ends with Cancelled; retrieve it so asyncio does not log it.
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
 
     async def register_shm_region(

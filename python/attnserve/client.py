@@ -201,7 +201,7 @@ class Client:
         """
         deadline = self._deadline(timeout)
         spec_proto = to_spec_proto(spec, causal, scale)
-        info = self._context_info(context, kv_heads, q, dtype) if context else None
+        info = self._context_info(context, kv_heads) if context else None
         backend, devices = "", None
         if transport in ("auto", "cuda_ipc") and tensors.is_cuda_tensor(q):
             d = self._describe or self.describe(timeout=self._remaining(deadline))
@@ -364,7 +364,7 @@ class Client:
         self._contexts.pop(name, None)
         return self._unary("DeleteContext", pb.DeleteContextRequest(name=name), timeout)
 
-    def _context_info(self, name, kv_heads, q, dtype) -> ContextInfo:
+    def _context_info(self, name, kv_heads) -> ContextInfo:
         info = self._contexts.get(name)
         if info is None:
             self.get_context(name)

@@ -57,3 +57,33 @@ def test_cuda_ipc_refused_by_cpu_server(address):
     with attnserve.Client(address) as c:
         with pytest.raises(attnserve.FailedPrecondition, match="CUDA"):
             c.attend(q, q[:, :, :1].contiguous(), q[:, :, :1].contiguous(), transport="cuda_ipc")
+
+
+def test_cuda_tensors_through_grpc(address):
+    """A CPU server: CUDA tensors travel through host memory and O comes back on the device."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn((1, 96, 4, 32), device="cuda", generator=gen).to(torch.bfloat16)
+    k = torch.randn((1, 96, 2, 32), device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn((1, 96, 2, 32), device="cuda", generator=gen).to(torch.bfloat16)
+    spec = Spec.dense(causal=True)
+    with attnserve.Client(address) as c:
+        r = c.attend(q, k, v, spec, return_lse=True)  # auto: grpc, the backend is cpu
+    assert r.o.is_cuda and r.o.dtype == torch.bfloat16 and r.lse.is_cuda
+    ref_o, _ = attention(*(x.float().cpu().numpy() for x in (q, k, v)), spec.to_proto())
+    assert max_rel_error(r.o.float().cpu().numpy(), ref_o) < 2e-2
+
+
+def test_ipc_export_shares_one_region_per_allocation():
+    from attnserve.cuda_ipc import IpcPlan
+
+    base = torch.empty(1 << 16, device="cuda")  # one caching-allocator block
+    a, b = base[:1024], base[1024:2048]
+    plan = IpcPlan()
+    plan.add("q_region", a, 0)
+    plan.add("k_region", b, 0)
+    (req,) = plan.register_requests()
+    assert len(req.cuda_ipc.handle) == 64 and req.cuda_ipc.bytes >= (1 << 16) * 4
+    assert plan.refs["k_region"].offset - plan.refs["q_region"].offset == 4096
+    assert plan.refs["q_region"].bytes == 4096
+    with pytest.raises(attnserve.InvalidArgument, match="multiple of 64"):
+        plan.add("v_region", base[1:5], 0)
