@@ -39,7 +39,7 @@ def test_bf16_as_uint16_bits(client, rng):
         client.attend(q, k, v, spec)
 
 
-def test_bf16_bits_helpers_round_to_nearest_even():
+def test_bf16_bits_conversion_rounds_to_nearest_even():
     x = np.array([1.0, 1.00390625, 1.01171875, -2.5, 3.0e38], dtype=np.float32)
     bits = attnserve.f32_to_bf16_bits(x)
     # 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0)
