@@ -233,7 +233,7 @@ def chart_ring_scaling(results, out):
             below = color == COLORS["torch"]
             for p, s in pts[1:]:
                 ax.annotate(f"{s:.2f}x (eff. {s / p:.2f})", (p, s), fontsize=7, ha="left",
-                            xytext=(7, -10 if below else 2), textcoords="offset points",
+                            xytext=(10, -11 if below else 4), textcoords="offset points",
                             color=color)
         ax.set_xticks(ps)
         ax.set_xlim(0.8, 5.9)
@@ -414,15 +414,18 @@ def chart_sweep(path, out, results):
     if rate:
         a1.plot(x, x, "k--", lw=1, label="offered")
         a1.legend(fontsize=7)
-    for key, style in (("p50", "-"), ("p90", ":"), ("p99", "--")):
+    for key, style, color in (("p50", "-", COLORS["attnserve"]), ("p90", ":", COLORS["flash"]),
+                              ("p99", "--", COLORS["fa4"])):
         a2.plot(x, [1e3 * r["latency_s"][key] for r in rows], style, marker="o", label=key,
-                color=COLORS["attnserve"] if key == "p50" else COLORS["fa4"])
+                color=color)
     a2.legend(fontsize=7)
     for i, r in enumerate(rows):
-        bad = r.get("failed", 0) + r.get("dropped", 0)
+        bad = [f"{r[k]} {k}" for k in ("failed", "dropped") if r.get(k)]
         if bad:
-            a1.annotate(f"{bad} failed/dropped", (x[i], r["requests_per_s"]), fontsize=7,
-                        color="red", xytext=(3, -10), textcoords="offset points")
+            a1.annotate(", ".join(bad), (x[i], r["requests_per_s"]), fontsize=7, color="red",
+                        ha="right", xytext=(-4, 6), textcoords="offset points")
+    a1.set_ylim(bottom=0)
+    a2.set_ylim(bottom=0)
     for a in (a1, a2):
         a.set_xlabel("offered rate (requests/s)" if rate else "concurrency")
         if not rate and len(x) > 1 and min(x) > 0:
@@ -440,7 +443,10 @@ def chart_sweep(path, out, results):
         source = path
     footnote(fig, doc.get("device", "device unknown"), doc.get("date", "")[:10] or "date unknown",
              [source])
-    name = re.sub(r"[^A-Za-z0-9_]+", "_", os.path.splitext(os.path.basename(path))[0])
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if not source.startswith(("/", "..")) and os.path.dirname(source):
+        stem = f"{os.path.basename(os.path.dirname(source))}_{stem}"  # a results folder's report
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", stem)
     return save(fig, out, f"sweep_{name}")
 
 
