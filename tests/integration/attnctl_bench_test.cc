@@ -223,7 +223,10 @@ TEST_F(AttnctlBenchTest, FixedRateHoldsTheRate) {
   EXPECT_EQ(Num(row, "max_inflight"), 8);
   EXPECT_EQ(Num(row, "requests"), 20);  // 1 s at 20/s, every one sent
   EXPECT_EQ(Num(row, "dropped"), 0);
-  EXPECT_NEAR(Num(row, "requests_per_s"), 20, 3);
+  // 20 requests over the 1 s schedule, or over a little more when the last answer comes after it
+  // (ctest runs tests side by side on two cores: room for a slow last request).
+  EXPECT_LE(Num(row, "requests_per_s"), 20.5);
+  EXPECT_GE(Num(row, "requests_per_s"), 14);
   EXPECT_GE(Num(row, "max_send_lag_s"), 0);
 
   const auto csv_rows = ReadCsv(csv);
@@ -232,7 +235,7 @@ TEST_F(AttnctlBenchTest, FixedRateHoldsTheRate) {
   EXPECT_EQ(csv_rows[0].at("target_rate"), "20");
   EXPECT_EQ(csv_rows[0].at("requests"), "20");
   EXPECT_EQ(csv_rows[0].at("dropped"), "0");
-  EXPECT_NEAR(std::stod(csv_rows[0].at("requests_per_s")), 20, 3);
+  EXPECT_EQ(std::stod(csv_rows[0].at("requests_per_s")), Num(row, "requests_per_s"));
 }
 
 // --json prints the report document of a sweep on stdout (the files are optional).
