@@ -32,9 +32,7 @@ bool IsBenchFile(absl::string_view path) { return absl::StrContains(path, "bench
 }  // namespace
 
 absl::Status ParseBenchFlags(int argc, char** argv, absl::string_view usage) {
-  std::vector<std::string> quoted;
-  for (int i = 0; i < argc; ++i) quoted.push_back(QuoteForShell(argv[i]));
-  CommandLineStorage() = absl::StrJoin(quoted, " ");
+  CommandLineStorage() = ShellCommandLine(std::vector<std::string>(argv, argv + argc));
 
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = IsBenchFile;
@@ -52,6 +50,12 @@ absl::Status ParseBenchFlags(int argc, char** argv, absl::string_view usage) {
 }
 
 const std::string& BenchCommandLine() { return CommandLineStorage(); }
+
+std::string ShellCommandLine(const std::vector<std::string>& args) {
+  std::vector<std::string> quoted;
+  for (const std::string& arg : args) quoted.push_back(QuoteForShell(arg));
+  return absl::StrJoin(quoted, " ");
+}
 
 int BenchMain(int argc, char** argv, absl::string_view usage, absl::string_view name,
               absl::Status (*run)()) {

@@ -5,6 +5,7 @@
 #define ATTNSERVE_BENCH_HARNESS_FLAGS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -27,6 +28,10 @@ int BenchMain(int argc, char** argv, absl::string_view usage, absl::string_view 
 // The command line as given (before the rewrite), arguments with spaces, quotes or braces in
 // single quotes, for the results' "command" field. Empty before ParseBenchFlags.
 const std::string& BenchCommandLine();
+
+// `args` joined by spaces, those with spaces, quotes or braces in single quotes: how
+// BenchCommandLine writes a command line (attnctl bench writes its own with it).
+std::string ShellCommandLine(const std::vector<std::string>& args);
 
 }  // namespace attnserve::bench
 

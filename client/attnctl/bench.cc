@@ -1,17 +1,16 @@
-// attnctl bench: the same request from --concurrency threads, --requests times or for
-// --duration; throughput, latency percentiles and errors by gRPC code.
+// attnctl bench: the same request from --concurrency threads (closed loop; a list sweeps the
+// levels) or at --rate requests per second (open loop), --requests times or for --duration;
+// throughput, latency percentiles and errors by gRPC code, as a table and in --report-csv and
+// --report-json files (bench_report.h).
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cinttypes>
 #include <cstdio>
-#include <limits>
+#include <fstream>
 #include <map>
-#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,7 +18,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/harness/flags.h"
+#include "bench/harness/run_record.h"
+#include "client/attnctl/bench_load.h"
+#include "client/attnctl/bench_report.h"
 #include "client/attnctl/check.h"
 #include "client/attnctl/common.h"
 #include "client/attnctl/output.h"
@@ -27,106 +31,31 @@
 #include "client/attnctl/regions.h"
 #include "core/util/json.h"
 
-ABSL_FLAG(int64_t, concurrency, 1, "threads sending requests (at most 1024)");
-ABSL_FLAG(int64_t, requests, 100, "requests in all, unless --duration is given");
+ABSL_FLAG(std::string, concurrency, "1",
+          "threads sending requests, each its next one when the last answered (at most 1024); a "
+          "comma-separated list such as 1,2,4,8,16 runs the load at each level in turn");
+ABSL_FLAG(std::string, rate, "",
+          "open loop instead: requests per second, sent on schedule whether or not earlier ones "
+          "answered (latency counts from the scheduled start); a list runs each rate in turn");
+ABSL_FLAG(int64_t, max_inflight, 64,
+          "with --rate: calls outstanding at most; a request falling due past it is dropped and "
+          "counted (at most 1024)");
+ABSL_FLAG(int64_t, requests, 100,
+          "requests in all, unless --duration is given (per level or rate)");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
-          "send for this long instead of a request count (used only when given)");
+          "send for this long instead of a request count (used only when given; per level or "
+          "rate)");
+ABSL_FLAG(std::string, report_csv, "",
+          "also write the report to this CSV file: one row per level or rate, with device, date, "
+          "commit and command");
+ABSL_FLAG(std::string, report_json, "",
+          "also write the report to this JSON file: the run record and one object per level or "
+          "rate (bench/plot_results.py draws it)");
 
 namespace attnserve::attnctl {
 namespace {
 
 namespace v1 = ::attnserve::v1;
-
-// How many requests, from how many threads, under which call options.
-struct Load {
-  int64_t concurrency = 1;
-  int64_t requests = 0;                   // ignored with a duration
-  std::optional<absl::Duration> duration;
-  absl::Duration timeout;
-  bool keep_first_result = false;  // for --check
-  bool live = false;               // draw a progress line on stderr
-};
-
-// What a load run saw.
-struct BenchStats {
-  std::vector<double> latencies;  // seconds of each successful call, ascending
-  std::map<std::string, int64_t> errors;  // gRPC code name -> count
-  int64_t failed = 0;
-  std::string first_error;
-  std::optional<client::AttendResult> first_result;
-  std::string backend;
-  std::string ran_on;  // placement and devices of the first successful request
-  double elapsed = 0;
-  // Sums over the successful calls of the server's stage figures (response header).
-  double receive = 0, queue = 0, compute = 0, copy = 0, kernel = 0;
-};
-
-BenchStats RunLoad(client::AttnClient& client, const client::AttendInput& input,
-                   const Load& load) {
-  client::CallOptions call;
-  call.timeout = load.timeout;
-  // Each thread claims request numbers until the count (or the duration) runs out; every call is
-  // bounded by --timeout, so the whole run is bounded by (count or duration) + timeout.
-  const int64_t max_requests =
-      load.duration ? std::numeric_limits<int64_t>::max() : load.requests;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> completed{0};
-  std::atomic<int64_t> failed{0};
-  std::mutex mu;
-  BenchStats stats;
-  const absl::Time start = absl::Now();
-  const absl::Time stop_at = load.duration ? start + *load.duration : absl::InfiniteFuture();
-  std::vector<std::thread> threads;
-  for (int64_t t = 0; t < load.concurrency; ++t) {
-    threads.emplace_back([&] {
-      while (absl::Now() < stop_at && next.fetch_add(1) < max_requests) {
-        const absl::Time begin = absl::Now();
-        absl::StatusOr<client::AttendResult> r = client.Attend(input, call);
-        const double seconds = absl::ToDoubleSeconds(absl::Now() - begin);
-        std::lock_guard<std::mutex> lock(mu);
-        if (r.ok()) {
-          stats.latencies.push_back(seconds);
-          stats.receive += r->header.receive_seconds();
-          stats.queue += r->header.queue_seconds();
-          stats.compute += r->header.compute_seconds();
-          stats.copy += r->header.copy_seconds();
-          stats.kernel += r->header.kernel_seconds();
-          if (stats.backend.empty()) {
-            stats.backend = r->header.backend();
-            stats.ran_on =
-                absl::StrCat(ShortEnumName(v1::Placement_Name(r->header.placement())), " on ",
-                             absl::StrJoin(r->header.devices(), ", "));
-          }
-          if (load.keep_first_result && !stats.first_result) stats.first_result = *std::move(r);
-          completed.fetch_add(1);
-        } else {
-          ++stats.errors[absl::StatusCodeToString(r.status().code())];
-          if (stats.first_error.empty()) stats.first_error = r.status().ToString();
-          failed.fetch_add(1);
-        }
-      }
-    });
-  }
-  // Waits for the workers, drawing the live line every half second on a terminal. Bounded: the
-  // workers stop by themselves (see above); this loop ends when they have.
-  while (completed.load() + failed.load() < max_requests) {
-    if (load.duration && absl::Now() >= stop_at + load.timeout) break;
-    absl::SleepFor(absl::Milliseconds(load.live ? 500 : 50));
-    if (load.live) {
-      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      std::fprintf(stderr, "\r[bench] %" PRId64 " ok, %" PRId64 " failed, %.1f req/s, %.1f s",
-                   completed.load(), failed.load(), elapsed > 0 ? completed.load() / elapsed : 0.0,
-                   elapsed);
-    }
-    if (load.duration && absl::Now() >= stop_at) break;
-  }
-  for (std::thread& t : threads) t.join();
-  if (load.live) std::fprintf(stderr, "\n");
-  stats.elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-  stats.failed = failed.load();
-  std::sort(stats.latencies.begin(), stats.latencies.end());
-  return stats;
-}
 
 // Throughput and latency summary of a run.
 struct Summary {
@@ -253,30 +182,167 @@ int MostFrequentErrorExit(const std::map<std::string, int64_t>& errors) {
   return kExitRpcBase + static_cast<int>(code);
 }
 
+// The loads to run, one per concurrency level or rate, and the report files.
+struct Plan {
+  std::vector<Load> loads;
+  bool open_loop = false;
+  std::string report_csv, report_json;
+  // A table (and the report document for --json) instead of the single run's summary.
+  bool table() const { return open_loop || loads.size() > 1; }
+};
+
+// A report file can be written: checked before the run, so that a long sweep does not end in a
+// file error.
+absl::Status CheckWritable(absl::string_view flag, const std::string& path) {
+  const bool existed = access(path.c_str(), F_OK) == 0;
+  std::ofstream out(path, std::ios::app);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot write '", path, "'"));
+  out.close();
+  if (!existed) std::remove(path.c_str());  // written after the run
+  return absl::OkStatus();
+}
+
 // The load flags, checked.
-absl::StatusOr<Load> LoadFromFlags(const FlagSet& flags) {
-  Load load;
-  absl::StatusOr<int64_t> concurrency = IntAtLeast(FLAGS_concurrency, 1);
-  if (!concurrency.ok()) return concurrency.status();
-  if (*concurrency > 1024) return absl::InvalidArgumentError("--concurrency: at most 1024");
-  load.concurrency = *concurrency;
+absl::StatusOr<Plan> PlanFromFlags(const FlagSet& flags) {
+  Load base;
   if (flags.Has("requests") && flags.Has("duration")) {
     return absl::InvalidArgumentError("--requests and --duration are exclusive");
   }
   absl::StatusOr<int64_t> requests = IntAtLeast(FLAGS_requests, 1);
   if (!requests.ok()) return requests.status();
-  load.requests = *requests;
+  base.requests = *requests;
   if (flags.Has("duration")) {
     absl::StatusOr<absl::Duration> d = PositiveDuration(FLAGS_duration);
     if (!d.ok()) return d.status();
-    load.duration = *d;
+    if (*d == absl::InfiniteDuration())
+      return absl::InvalidArgumentError("--duration: expected a finite duration");
+    base.duration = *d;
   }
   absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags, absl::Minutes(5));
   if (!timeout.ok()) return timeout.status();
-  load.timeout = *timeout;
-  load.keep_first_result = CheckRequested();
-  load.live = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
-  return load;
+  base.timeout = *timeout;
+  base.keep_first_result = CheckRequested();
+  base.live = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
+
+  Plan plan;
+  plan.open_loop = flags.Has("rate");
+  if (plan.open_loop) {
+    if (flags.Has("concurrency")) {
+      return absl::InvalidArgumentError(
+          "--rate (open loop) and --concurrency (closed loop) are exclusive; --max-inflight "
+          "bounds the calls outstanding at a rate");
+    }
+    absl::StatusOr<int64_t> inflight = IntAtLeast(FLAGS_max_inflight, 1);
+    if (!inflight.ok()) return inflight.status();
+    if (*inflight > 1024) return absl::InvalidArgumentError("--max-inflight: at most 1024");
+    absl::StatusOr<std::vector<double>> rates =
+        PositiveList("rate", absl::GetFlag(FLAGS_rate), 1e6);
+    if (!rates.ok()) return rates.status();
+    for (double rate : *rates) {
+      Load load = base;
+      load.rate = rate;
+      load.max_inflight = *inflight;
+      if (load.duration && absl::ToDoubleSeconds(*load.duration) * rate < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--rate %g for --duration %s sends no request; give a longer duration",
+                            rate, absl::FormatDuration(*load.duration)));
+      }
+      plan.loads.push_back(load);
+    }
+  } else {
+    if (flags.Has("max_inflight")) {
+      return absl::InvalidArgumentError(
+          "--max-inflight bounds the open loop of --rate; the closed loop has --concurrency "
+          "calls outstanding");
+    }
+    absl::StatusOr<std::vector<int64_t>> levels =
+        IntList("concurrency", absl::GetFlag(FLAGS_concurrency), 1, 1024);
+    if (!levels.ok()) return levels.status();
+    for (int64_t level : *levels) {
+      Load load = base;
+      load.concurrency = level;
+      plan.loads.push_back(load);
+    }
+  }
+  // Only the first run keeps a result to check.
+  for (size_t i = 1; i < plan.loads.size(); ++i) plan.loads[i].keep_first_result = false;
+  plan.report_csv = absl::GetFlag(FLAGS_report_csv);
+  plan.report_json = absl::GetFlag(FLAGS_report_json);
+  if (flags.Has("report_csv") && plan.report_csv.empty()) {
+    return absl::InvalidArgumentError("--report-csv: expected a file name");
+  }
+  if (flags.Has("report_json") && plan.report_json.empty()) {
+    return absl::InvalidArgumentError("--report-json: expected a file name");
+  }
+  if (!plan.report_csv.empty() && plan.report_csv == plan.report_json) {
+    return absl::InvalidArgumentError("--report-csv and --report-json name the same file");
+  }
+  if (!plan.report_csv.empty()) {
+    if (absl::Status s = CheckWritable("--report-csv", plan.report_csv); !s.ok()) return s;
+  }
+  if (!plan.report_json.empty()) {
+    if (absl::Status s = CheckWritable("--report-json", plan.report_json); !s.ok()) return s;
+  }
+  return plan;
+}
+
+// "cpu: <model>" or "NVIDIA H200" ("2 x NVIDIA H200"), from Describe; "unknown" without it.
+std::string DeviceText(const absl::StatusOr<v1::DescribeResponse>& d) {
+  if (!d.ok() || d->devices().empty()) return "unknown";
+  std::set<std::string> models;
+  for (const v1::DeviceInfo& dev : d->devices()) models.insert(dev.model());
+  std::string text = absl::StrJoin(models, ", ");
+  if (d->backend() == "cpu") return absl::StrCat("cpu: ", text);
+  if (d->devices_size() > 1) return absl::StrCat(d->devices_size(), " x ", text);
+  return text;
+}
+
+// This process's command line, as the run record writes one.
+std::string OwnCommandLine() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args = absl::StrSplit(raw, '\0', absl::SkipEmpty());
+  if (args.empty()) return "attnctl bench";
+  return bench::ShellCommandLine(args);
+}
+
+BenchReportHeader MakeHeader(client::AttnClient& client, const Problem& problem, const Plan& plan,
+                             RegionMode regions, const BenchStats& first) {
+  client::CallOptions call;
+  call.timeout = absl::Seconds(10);
+  absl::StatusOr<v1::DescribeResponse> described = client.Describe(call);
+  BenchReportHeader h;
+  h.record = bench::MakeRunRecord(DeviceText(described));
+  h.record.command = OwnCommandLine();
+  h.server = absl::GetFlag(FLAGS_server);
+  if (described.ok()) h.server_version = described->version();
+  h.backend = first.backend.empty() && described.ok() ? described->backend() : first.backend;
+  h.placement = first.ran_on;
+  h.shape = problem.q.dims();
+  h.kv_heads = problem.k.dim(2);
+  h.kv_tokens = problem.k.dim(1);
+  h.dtype = DTypeName(problem.q.dtype());
+  h.spec_json = SpecJson(problem.spec);
+  h.seed = problem.seed;
+  h.request_bytes =
+      static_cast<int64_t>(problem.q.nbytes() + problem.k.nbytes() + problem.v.nbytes());
+  h.response_bytes = problem.q.numel() / problem.q.dim(3) * problem.v.dim(3) *
+                     static_cast<int64_t>(DTypeSize(problem.q.dtype()));
+  h.open_loop = plan.open_loop;
+  h.transport = regions == RegionMode::kShm       ? "shm"
+                : regions == RegionMode::kCudaIpc ? "cuda_ipc"
+                                                  : "grpc";
+  return h;
+}
+
+// Writes `text` to `path`; says so on stderr (stdout may hold --json).
+absl::Status WriteReport(absl::string_view flag, const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(flag, ": cannot write '", path, "'"));
+  std::fprintf(stderr, "attnctl: bench: wrote %s\n", path.c_str());
+  return absl::OkStatus();
 }
 
 int BenchMain(const FlagSet& flags) {
@@ -285,8 +351,8 @@ int BenchMain(const FlagSet& flags) {
   if (!problem.ok()) return UsageError("bench", problem.status());
   absl::StatusOr<v1::Placement> placement = PlacementFromFlags();
   if (!placement.ok()) return UsageError("bench", placement.status());
-  absl::StatusOr<Load> load = LoadFromFlags(flags);
-  if (!load.ok()) return UsageError("bench", load.status());
+  absl::StatusOr<Plan> plan = PlanFromFlags(flags);
+  if (!plan.ok()) return UsageError("bench", plan.status());
   if (absl::Status s = ValidateCheckFlags(problem->q, problem->k.dim(1)); !s.ok()) {
     return UsageError("bench", s);
   }
@@ -300,7 +366,7 @@ int BenchMain(const FlagSet& flags) {
   input.k = &problem->k;
   input.v = &problem->v;
   input.spec = problem->spec;
-  input.return_lse = load->keep_first_result;
+  input.return_lse = plan->loads.front().keep_first_result;
   input.placement = *placement;
   input.q_offset = problem->q_offset;
   // --shm / --cuda-ipc: every request reads the one region (and writes the same O into it).
@@ -312,26 +378,81 @@ int BenchMain(const FlagSet& flags) {
     regions = *std::move(session);
     regions->Apply(&input);
   }
-  BenchStats stats = RunLoad(**client, input, *load);
-  if (regions && stats.first_result) {
-    if (absl::Status s = regions->ReadOutputs(&*stats.first_result); !s.ok()) {
+  const int64_t tokens = problem->q.dim(0) * problem->q.dim(1);
+  std::vector<BenchStats> runs;
+  std::vector<BenchRow> rows;
+  std::map<std::string, int64_t> errors;
+  for (const Load& load : plan->loads) {
+    if (load.live && plan->table()) {
+      std::fprintf(stderr, "[bench] %s\n",
+                   load.rate > 0 ? absl::StrFormat("rate %g/s", load.rate).c_str()
+                                 : absl::StrCat("concurrency ", load.concurrency).c_str());
+    }
+    runs.push_back(load.rate > 0 ? RunOpenLoop(**client, input, load)
+                                 : RunClosedLoop(**client, input, load));
+    for (const auto& [code, count] : runs.back().errors) errors[code] += count;
+  }
+  BenchStats& first = runs.front();
+  if (regions && first.first_result) {
+    if (absl::Status s = regions->ReadOutputs(&*first.first_result); !s.ok()) {
       return Report("reading the outputs back", s, kExitLocal);
     }
   }
-
   std::optional<CheckOutcome> outcome;
-  if (stats.first_result) {
-    absl::StatusOr<CheckOutcome> o = CheckAgainstReference(*problem, *stats.first_result);
+  if (first.first_result) {
+    absl::StatusOr<CheckOutcome> o = CheckAgainstReference(*problem, *first.first_result);
     if (!o.ok()) return Report("--check", o.status(), kExitLocal);
     outcome = *o;
   }
-  if (absl::GetFlag(FLAGS_json)) {
-    PrintJson(*problem, *load, stats, outcome);
-  } else {
-    PrintText(*problem, *load, stats, outcome);
+
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!plan->table()) {
+    if (json) {
+      PrintJson(*problem, plan->loads.front(), first, outcome);
+    } else {
+      PrintText(*problem, plan->loads.front(), first, outcome);
+    }
+  }
+  if (plan->table() || !plan->report_csv.empty() || !plan->report_json.empty()) {
+    BenchReportHeader header = MakeHeader(**client, *problem, *plan, *region_mode, first);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      rows.push_back(
+          MakeRow(runs[i], plan->loads[i], header.request_bytes + header.response_bytes, tokens));
+    }
+    Json document = ReportJson(header, rows);
+    if (outcome) {
+      Json check = Json::Object();
+      check.Set("o_rel", outcome->o_rel)
+          .Set("lse_max_abs", outcome->lse_max_abs)
+          .Set("pass", outcome->pass);
+      document.Set("check", std::move(check));
+    }
+    if (plan->table() && json) std::printf("%s\n", document.Dump(1).c_str());
+    if (plan->table() && !json) {
+      std::fputs(ReportTable(header, rows).c_str(), stdout);
+      for (const BenchStats& run : runs) {
+        if (!run.first_error.empty()) {
+          std::printf("first error %s\n", run.first_error.c_str());
+          break;
+        }
+      }
+      if (outcome) {
+        std::printf("check      O max rel err %.3e, LSE max abs err %.3e, tolerance %.1e: %s\n",
+                    outcome->o_rel, outcome->lse_max_abs, outcome->tolerance,
+                    outcome->pass ? "PASS" : "FAIL");
+      }
+    }
+    if (!plan->report_csv.empty()) {
+      absl::Status s = WriteReport("--report-csv", plan->report_csv, ReportCsv(header, rows));
+      if (!s.ok()) return Report("bench", s, kExitLocal);
+    }
+    if (!plan->report_json.empty()) {
+      absl::Status s = WriteReport("--report-json", plan->report_json, document.Dump(2) + "\n");
+      if (!s.ok()) return Report("bench", s, kExitLocal);
+    }
   }
   if (outcome && !outcome->pass) return kExitCheck;
-  if (stats.failed > 0) return MostFrequentErrorExit(stats.errors);
+  if (!errors.empty()) return MostFrequentErrorExit(errors);
   return kExitOk;
 }
 
@@ -341,16 +462,26 @@ Command BenchCommand() {
   std::vector<FlagUse> flags = ConnectionFlags();
   for (const FlagUse& use : ProblemFlags()) flags.push_back(use);
   for (const FlagUse& use : ShapeFlags()) flags.push_back(use);
-  flags.insert(flags.end(), {{"concurrency", "C"}, {"requests", "R"}, {"duration", "DURATION"}});
+  flags.insert(flags.end(), {{"concurrency", "C[,C...]"},
+                             {"rate", "R[,R...]", "-"},
+                             {"max_inflight", "N"},
+                             {"requests", "R"},
+                             {"duration", "DURATION"}});
   for (const FlagUse& use : CheckFlags()) flags.push_back(use);
-  flags.insert(flags.end(),
-               {PlacementFlag(), {"chunk_bytes", "N"}, {"connections", "N"}, {"json", ""}});
+  flags.insert(flags.end(), {PlacementFlag(),
+                             {"chunk_bytes", "N"},
+                             {"connections", "N"},
+                             {"json", ""},
+                             {"report_csv", "FILE", "-"},
+                             {"report_json", "FILE", "-"}});
   for (const FlagUse& use : RegionFlags()) flags.push_back(use);
   return Command{
       "bench",
       "bench --server HOST:PORT --random B,N,Hq,Hkv,D [--q-len NQ] [--kv-len NKV]\n"
       "      [--q-offset P] (--requests R | --duration 10s)\n"
-      "      [--concurrency C] [--spec JSON] [--causal] [--dtype bf16] [--seed S] [--check]\n"
+      "      [--concurrency C[,C...] | --rate R[,R...] [--max-inflight N]]\n"
+      "      [--report-csv FILE] [--report-json FILE]\n"
+      "      [--spec JSON] [--causal] [--dtype bf16] [--seed S] [--check]\n"
       "      [--tolerance T] [--json] [--timeout 5m] [--chunk-bytes N] [--connections N]\n"
       "      [--max-attempts N]\n"
       "      [--placement auto|single|data|ring] [--shm | --cuda-ipc [--cuda-device N]]",
@@ -358,6 +489,13 @@ Command BenchCommand() {
       "and prints requests/s, tokens/s (B * N per request), p50/p90/p99 latency and errors by\n"
       "gRPC code; --json prints one JSON object instead. On a terminal a live progress line\n"
       "goes to stderr. --check verifies the first response against the reference.\n"
+      "A list of levels (--concurrency 1,2,4,8,16) runs the same load at each in turn and\n"
+      "prints one table row per level: requests/s, payload MiB/s, p50/p90/p99/max latency and\n"
+      "errors by code. --rate R sends R requests per second on a fixed schedule (open loop,\n"
+      "at most --max-inflight outstanding; one falling due past that is dropped and counted),\n"
+      "measures latency from each request's scheduled start, so that queueing shows, and\n"
+      "reports the achieved rate. --report-csv and --report-json also write the rows to files\n"
+      "with the device, date, commit and command (--json prints that document for a sweep).\n"
       "--shm / --cuda-ipc: inputs and outputs through one shared region (see run --help).\n",
       std::move(flags),
       &BenchMain,

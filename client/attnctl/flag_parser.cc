@@ -6,7 +6,9 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/util/flag_names.h"
 
@@ -149,6 +151,37 @@ absl::StatusOr<absl::Duration> PositiveDuration(const absl::Flag<absl::Duration>
         ": expected a positive duration such as 500ms, 30s or 5m, got ", absl::FormatDuration(d)));
   }
   return d;
+}
+
+absl::StatusOr<std::vector<int64_t>> IntList(absl::string_view name, absl::string_view text,
+                                             int64_t min, int64_t max) {
+  std::vector<int64_t> values;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(item, &v) || v < min || v > max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DashedFlag(name), ": expected a comma-separated list of integers ", min,
+                       "..", max, " such as 1,2,4,8, got '", text, "'"));
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+absl::StatusOr<std::vector<double>> PositiveList(absl::string_view name, absl::string_view text,
+                                                 double max) {
+  std::vector<double> values;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(item, &v) || !(v > 0) || v > max) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected a comma-separated list of numbers > 0 and <= %g such as 10,20.5, got "
+          "'%s'",
+          DashedFlag(name), max, text));
+    }
+    values.push_back(v);
+  }
+  return values;
 }
 
 }  // namespace attnserve::attnctl

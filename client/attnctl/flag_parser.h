@@ -68,6 +68,15 @@ absl::StatusOr<int64_t> IntAtLeast(const absl::Flag<int64_t>& flag, int64_t min)
 absl::StatusOr<double> NonNegative(const absl::Flag<double>& flag);
 absl::StatusOr<absl::Duration> PositiveDuration(const absl::Flag<absl::Duration>& flag);
 
+// A comma-separated list given to the flag named `name` (absl name): "1,2,4" -> {1, 2, 4}, each
+// an integer in [min, max]; INVALID_ARGUMENT "--concurrency: expected a comma-separated list of
+// integers 1..1024 such as 1,2,4,8, got '1,,2'" otherwise (also for an empty list).
+absl::StatusOr<std::vector<int64_t>> IntList(absl::string_view name, absl::string_view text,
+                                             int64_t min, int64_t max);
+// The same for numbers in (0, max]: "10,20.5" -> {10, 20.5}.
+absl::StatusOr<std::vector<double>> PositiveList(absl::string_view name, absl::string_view text,
+                                                 double max);
+
 }  // namespace attnserve::attnctl
 
 #endif  // ATTNSERVE_CLIENT_ATTNCTL_FLAG_PARSER_H_

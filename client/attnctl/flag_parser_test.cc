@@ -96,6 +96,28 @@ TEST_F(FlagParserTest, RangeChecks) {
   EXPECT_FALSE(NonNegative(FLAGS_test_bound).ok());
 }
 
+TEST_F(FlagParserTest, Lists) {
+  EXPECT_EQ(*IntList("concurrency", "1,2,4,8,16", 1, 1024), (std::vector<int64_t>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(*IntList("concurrency", "3", 1, 1024), std::vector<int64_t>{3});
+  for (const char* bad : {"", "0", "1,,2", "1,2,", "2000", "x", "1;2", "1.5"}) {
+    absl::StatusOr<std::vector<int64_t>> list = IntList("concurrency", bad, 1, 1024);
+    ASSERT_FALSE(list.ok()) << bad;
+    EXPECT_EQ(list.status().message(),
+              std::string("--concurrency: expected a comma-separated list of integers 1..1024 "
+                          "such as 1,2,4,8, got '") +
+                  bad + "'");
+  }
+  EXPECT_EQ(*PositiveList("rate", "20,0.5", 1e6), (std::vector<double>{20, 0.5}));
+  for (const char* bad : {"", "0", "-1", "fast", "2e6", "nan", "inf", "10,"}) {
+    absl::StatusOr<std::vector<double>> list = PositiveList("rate", bad, 1e6);
+    ASSERT_FALSE(list.ok()) << bad;
+    EXPECT_EQ(list.status().message(),
+              std::string("--rate: expected a comma-separated list of numbers > 0 and <= 1e+06 "
+                          "such as 10,20.5, got '") +
+                  bad + "'");
+  }
+}
+
 TEST_F(FlagParserTest, HelpListsEachFlagWithItsDefault) {
   const std::string help = FlagsHelp(accepted_);
   EXPECT_NE(help.find("--test-count N"), std::string::npos) << help;
