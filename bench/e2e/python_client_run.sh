@@ -36,7 +36,8 @@ for t in grpc shm; do
       --causal --seed $((i + 1)) $extra >> "$OUT/attnctl_$t.log" 2>&1 || echo "attnctl $t failed" >&2
   done
 done
-PYTHONUNBUFFERED=1 "$PY" "$HERE/python/bench_client.py" --server "$ADDR" --shape "$SHAPE" \
+# -P: import the installed package, not the source tree beside the script (no generated stubs).
+PYTHONUNBUFFERED=1 "$PY" -P "$HERE/python/bench_client.py" --server "$ADDR" --shape "$SHAPE" \
   --dtype "$DTYPE" --spec "$SPEC" --causal --transport grpc,shm --repeat "$REPEAT" --json \
   > "$OUT/python.json" 2> "$OUT/python.log"
 

@@ -23,6 +23,32 @@ _counter = itertools.count()
 HANDLE_BYTES = 64
 
 
+# torch's CUDA caching allocator exports a block as a version byte, a type byte and the handle:
+# 'c' for a plain cudaMalloc segment (a cudaIpcMemHandle_t follows), 'e' for an expandable
+# segment (driver-API memory that cudaIpcOpenMemHandle cannot open). Older torch sent the bare
+# 64-byte cudaIpcMemHandle_t.
+_TORCH_HANDLE_CUDA_MALLOC = ord("c")
+_TORCH_HANDLE_EXPANDABLE = ord("e")
+
+
+def ipc_mem_handle(exported: bytes, header_field: str) -> bytes:
+    """The cudaIpcMemHandle_t inside what torch's _share_cuda_() returned."""
+    if len(exported) == HANDLE_BYTES:
+        return exported
+    if len(exported) == HANDLE_BYTES + 2 and exported[1] == _TORCH_HANDLE_CUDA_MALLOC:
+        return exported[2:]
+    if len(exported) >= 2 and exported[1] == _TORCH_HANDLE_EXPANDABLE:
+        raise InvalidArgument(
+            f"{header_field}: the tensor lives in an expandable segment, which CUDA IPC cannot "
+            "share (set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, or use "
+            "transport='grpc')"
+        )
+    raise InvalidArgument(
+        f"{header_field}: torch exported a {len(exported)}-byte IPC handle of an unknown kind "
+        "(use transport='grpc')"
+    )
+
+
 @dataclass
 class IpcRegion:
     name: str
@@ -45,13 +71,7 @@ class IpcPlan:
             raise InvalidArgument(f"{header_field}: CUDA IPC needs a contiguous CUDA tensor")
         storage = tensor.untyped_storage()
         shared = storage._share_cuda_()
-        handle, storage_offset = bytes(shared[1]), int(shared[3])
-        if len(handle) != HANDLE_BYTES:
-            raise InvalidArgument(
-                f"{header_field}: torch exported a {len(handle)}-byte IPC handle, not a "
-                "cudaIpcMemHandle_t (expandable segments? set PYTORCH_CUDA_ALLOC_CONF="
-                "expandable_segments:False, or use transport='grpc')"
-            )
+        handle, storage_offset = ipc_mem_handle(bytes(shared[1]), header_field), int(shared[3])
         offset = storage_offset + tensor.storage_offset() * tensor.element_size()
         nbytes = tensor.numel() * tensor.element_size()
         if offset % 64:

@@ -52,8 +52,17 @@ def test_cuda_ipc_in_place(cuda_server):
     np.testing.assert_allclose(g.o.float().cpu().numpy(), r.o.float().cpu().numpy(), atol=2e-2)
 
 
-def test_cuda_ipc_refused_by_cpu_server(address):
+def test_cuda_ipc_refused_by_cpu_server():
+    # Its own CPU server: on a GPU host the shared fixture's server runs the CUDA backend.
+    server = Server("--backend", "cpu")
     q = torch.randn((1, 64, 2, 32), device="cuda")
+    try:
+        _expect_refused(server.address, q)
+    finally:
+        server.stop()
+
+
+def _expect_refused(address, q):
     with attnserve.Client(address) as c:
         with pytest.raises(attnserve.FailedPrecondition, match="CUDA"):
             c.attend(q, q[:, :, :1].contiguous(), q[:, :, :1].contiguous(), transport="cuda_ipc")
