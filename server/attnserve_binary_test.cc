@@ -95,8 +95,9 @@ class Process {
   pid_t pid_ = -1;
 };
 
+// One dense Attend of zeros; `request_id` (if not null) receives the id the response names.
 grpc::Status AttendDense(v1::AttentionService::Stub* stub, int64_t tokens, int64_t heads,
-                         int64_t dim) {
+                         int64_t dim, std::string* request_id = nullptr) {
   grpc::ClientContext ctx;
   auto stream = stub->Attend(&ctx);
   v1::AttendRequest req;
@@ -119,6 +120,7 @@ grpc::Status AttendDense(v1::AttentionService::Stub* stub, int64_t tokens, int64
   stream->WritesDone();
   v1::AttendResponse resp;
   while (stream->Read(&resp)) {
+    if (resp.has_header() && request_id != nullptr) *request_id = resp.header().request_id();
   }
   return stream->Finish();
 }
@@ -172,6 +174,30 @@ TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
   const grpc::Status s = long_call.get();
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(server.Wait(absl::Seconds(60)), 0);
+}
+
+// The id the server makes up for the first request (no request_id) of a fresh server process.
+std::string FirstRequestId(const std::string& name) {
+  const std::string port_file = absl::StrCat(::testing::TempDir(), "/", name, ".port");
+  std::filesystem::remove(port_file);
+  Process server({ATTNSERVE_BINARY, "--backend=cpu", "--listen=127.0.0.1:0",
+                  "--metrics-listen=", absl::StrCat("--port-file=", port_file)});
+  const std::optional<int> port = ReadPort(port_file, absl::Seconds(30));
+  if (!port.has_value()) return "no port";
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+  std::string id;
+  const grpc::Status s = AttendDense(stub.get(), 16, 1, 16, &id);
+  return s.ok() ? id : s.error_message();
+}
+
+// Generated request ids name the run: a restarted server does not hand out req-...-000001 again.
+TEST(AttnserveBinaryTest, GeneratedRequestIdsDifferAcrossRestarts) {
+  const std::string first = FirstRequestId("first_run");
+  const std::string second = FirstRequestId("second_run");
+  EXPECT_THAT(first, ::testing::MatchesRegex("req-[0-9a-f]{8}-000001"));
+  EXPECT_THAT(second, ::testing::MatchesRegex("req-[0-9a-f]{8}-000001"));
+  EXPECT_NE(first, second);
 }
 
 TEST(AttnserveBinaryTest, CudaBackendInCpuBuildFailsClearly) {
