@@ -95,8 +95,9 @@ class Process {
   pid_t pid_ = -1;
 };
 
+// One dense Attend of zeros; `request_id` (if not null) receives the id the response names.
 grpc::Status AttendDense(v1::AttentionService::Stub* stub, int64_t tokens, int64_t heads,
-                         int64_t dim) {
+                         int64_t dim, std::string* request_id = nullptr) {
   grpc::ClientContext ctx;
   auto stream = stub->Attend(&ctx);
   v1::AttendRequest req;
@@ -119,6 +120,7 @@ grpc::Status AttendDense(v1::AttentionService::Stub* stub, int64_t tokens, int64
   stream->WritesDone();
   v1::AttendResponse resp;
   while (stream->Read(&resp)) {
+    if (resp.has_header() && request_id != nullptr) *request_id = resp.header().request_id();
   }
   return stream->Finish();
 }
@@ -174,6 +176,30 @@ TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
   EXPECT_EQ(server.Wait(absl::Seconds(60)), 0);
 }
 
+// The id the server makes up for the first request (no request_id) of a fresh server process.
+std::string FirstRequestId(const std::string& name) {
+  const std::string port_file = absl::StrCat(::testing::TempDir(), "/", name, ".port");
+  std::filesystem::remove(port_file);
+  Process server({ATTNSERVE_BINARY, "--backend=cpu", "--listen=127.0.0.1:0",
+                  "--metrics-listen=", absl::StrCat("--port-file=", port_file)});
+  const std::optional<int> port = ReadPort(port_file, absl::Seconds(30));
+  if (!port.has_value()) return "no port";
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+  std::string id;
+  const grpc::Status s = AttendDense(stub.get(), 16, 1, 16, &id);
+  return s.ok() ? id : s.error_message();
+}
+
+// Generated request ids name the run: a restarted server does not hand out req-...-000001 again.
+TEST(AttnserveBinaryTest, GeneratedRequestIdsDifferAcrossRestarts) {
+  const std::string first = FirstRequestId("first_run");
+  const std::string second = FirstRequestId("second_run");
+  EXPECT_THAT(first, ::testing::MatchesRegex("req-[0-9a-f]{8}-000001"));
+  EXPECT_THAT(second, ::testing::MatchesRegex("req-[0-9a-f]{8}-000001"));
+  EXPECT_NE(first, second);
+}
+
 TEST(AttnserveBinaryTest, CudaBackendInCpuBuildFailsClearly) {
   Process server({ATTNSERVE_BINARY, "--backend=cuda", "--listen=127.0.0.1:0", "--metrics-listen="});
   ASSERT_GT(server.pid(), 0);
@@ -198,12 +224,19 @@ std::pair<std::string, int> Output(const std::string& args) {
   return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
 }
 
-// --help lists the server's own flags, and every flag README.md's "Server flags" section names
-// exists (README flags are spelled with dashes, absl's with underscores).
+// --help lists the server's own flags as users type them (dashes), with defaults and
+// descriptions, and every flag README.md's "Server flags" section names is among them.
 TEST(AttnserveBinaryTest, HelpListsEveryDocumentedFlag) {
   const auto [help, code] = Output("--help");
-  EXPECT_EQ(code, 1);  // absl exits 1 after printing usage
+  EXPECT_EQ(code, 0);
   EXPECT_THAT(help, ::testing::Not(::testing::HasSubstr("No flags matched")));
+  EXPECT_THAT(help, ::testing::Not(::testing::HasSubstr("\n  --metrics_listen")));
+  EXPECT_THAT(help, HasSubstr("  --metrics-listen (default \"0.0.0.0:9464\")\n"
+                              "      Prometheus /metrics address host:port"));
+  EXPECT_THAT(help, HasSubstr("  --drain-timeout (default 30s)\n"));
+  EXPECT_THAT(help, HasSubstr("  --cpu-workers (default 1)\n"));
+  EXPECT_THAT(help, HasSubstr("--flagfile"));
+  EXPECT_EQ(Output("-h").first, help);
   std::ifstream readme(ATTNSERVE_README);
   ASSERT_TRUE(readme) << ATTNSERVE_README;
   std::string line, section;
@@ -217,11 +250,10 @@ TEST(AttnserveBinaryTest, HelpListsEveryDocumentedFlag) {
   for (size_t at = section.find("`--"); at != std::string::npos; at = section.find("`--", at + 1)) {
     size_t end = at + 3;
     while (end < section.size() && (std::isalnum(section[end]) || section[end] == '-')) ++end;
-    std::string flag = section.substr(at + 3, end - at - 3);
-    std::replace(flag.begin(), flag.end(), '-', '_');
-    if (flag == "help" || flag == "version") continue;
+    const std::string flag = section.substr(at + 3, end - at - 3);
+    if (flag == "help" || flag == "version" || flag == "flagfile") continue;
     ++documented;
-    EXPECT_THAT(help, ::testing::HasSubstr(absl::StrCat("--", flag, " "))) << flag;
+    EXPECT_THAT(help, ::testing::HasSubstr(absl::StrCat("  --", flag, " (default "))) << flag;
   }
   EXPECT_GE(documented, 10);
 }
@@ -229,7 +261,37 @@ TEST(AttnserveBinaryTest, HelpListsEveryDocumentedFlag) {
 TEST(AttnserveBinaryTest, VersionNamesVersionAndBuildType) {
   const auto [out, code] = Output("--version");
   EXPECT_EQ(code, 0);
-  EXPECT_THAT(out, ::testing::MatchesRegex("attnserve [0-9]+\\.[0-9]+\\.[0-9]+ \\(.* build\\)\n"));
+  EXPECT_EQ(out,
+            absl::StrCat("attnserve ", ATTNSERVE_VERSION, " (", ATTNSERVE_BUILD_TYPE, " build)\n"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("NDEBUG")));
+}
+
+// A flagfile may spell flags with dashes, as the command line does (and nest another one).
+TEST(AttnserveBinaryTest, FlagfileTakesDashedNames) {
+  const std::string dir = ::testing::TempDir();
+  const std::string port_file = absl::StrCat(dir, "/attnserve_flagfile_test.port");
+  const std::string metrics_file = absl::StrCat(dir, "/attnserve_flagfile_test.mport");
+  const std::string inner = absl::StrCat(dir, "/attnserve_flagfile_test_inner.flags");
+  const std::string flags = absl::StrCat(dir, "/attnserve_flagfile_test.flags");
+  std::filesystem::remove(port_file);
+  std::filesystem::remove(metrics_file);
+  std::ofstream(inner) << "--metrics-port-file=" << metrics_file << "\n";
+  std::ofstream(flags) << "# attnserve flags\n--backend=cpu\n--listen=127.0.0.1:0\n"
+                       << "--metrics-listen=127.0.0.1:0\n--port-file=" << port_file << "\n"
+                       << "--max-queue=7\n--flagfile=" << inner << "\n";
+  Process server({ATTNSERVE_BINARY, absl::StrCat("--flagfile=", flags)});
+  ASSERT_GT(server.pid(), 0);
+  const std::optional<int> port = ReadPort(port_file, absl::Seconds(30));
+  ASSERT_TRUE(port.has_value()) << "the server did not start with " << flags;
+  ASSERT_TRUE(ReadPort(metrics_file, absl::Seconds(5)).has_value());
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::DescribeResponse d;
+  ASSERT_TRUE(stub->Describe(&ctx, v1::DescribeRequest(), &d).ok());
+  EXPECT_EQ(d.limits().max_queue(), 7);
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  EXPECT_EQ(server.Wait(absl::Seconds(30)), 0);
 }
 
 }  // namespace

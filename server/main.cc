@@ -132,6 +132,32 @@ absl::StatusOr<CudaOptions> CudaOptionsFromFlags() {
   return CudaOptionsFromEnv(options);
 }
 
+// --help, -h and --helpshort: the usage message and this file's flags, spelled with dashes as
+// users type them, with defaults and descriptions (absl's own help lists them with underscores).
+bool HelpAsked(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpshort" ||
+        arg == "-helpshort") {
+      return true;
+    }
+  }
+  return false;
+}
+
+void PrintHelp() {
+  std::printf(
+      "Usage: %s\n\nFlags:\n%s"
+      "  --flagfile=FILE[,FILE]\n"
+      "      read flags from files, one a line (--name=value, dashes or underscores; # comments)\n"
+      "  --version\n"
+      "      print the version and the build type\n"
+      "  --helpfull\n"
+      "      every flag, the libraries' too (in absl's underscore spelling)\n",
+      std::string(absl::ProgramUsageMessage()).c_str(), DashedFlagsHelp("server/main.cc").c_str());
+}
+
 int Fail(const absl::Status& status) {
   spdlog::critical("attnserve: {}", status.ToString());
   std::fprintf(stderr, "attnserve: %s\n", std::string(status.message()).c_str());
@@ -289,8 +315,8 @@ int main(int argc, char** argv) {
       "attnserve --listen=0.0.0.0:50051 --metrics-listen=0.0.0.0:9464 --backend=auto\n"
       "The attention service (gRPC attnserve.v1.AttentionService). Flags may be spelled with "
       "dashes (--metrics-listen) or underscores (--metrics_listen). See README.md.");
-  // --help and --helpshort list this file's flags (absl's default matches only files named after
-  // the program); --version prints the version and the build type.
+  // absl's --helpshort/--helppackage list this file's flags (its default matches only files named
+  // after the program); --version prints the version and the build type.
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::StrContains(file, "server/main.cc");
@@ -300,6 +326,10 @@ int main(int argc, char** argv) {
     return std::string("attnserve " ATTNSERVE_VERSION " (") + ATTNSERVE_BUILD_TYPE + " build)\n";
   };
   absl::SetFlagsUsageConfig(usage);
+  if (attnserve::HelpAsked(argc, argv)) {
+    attnserve::PrintHelp();
+    return 0;
+  }
   // Flags are spelled with dashes (--metrics-listen); absl names them with underscores.
   attnserve::UnderscoredArgv args(argc, argv);
   absl::ParseCommandLine(args.argc(), args.argv());

@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                          .Register(r);
   m->imbalance_ = &prometheus::BuildGauge()
                        .Name("attnserve_device_memory_imbalance_ratio")
-                       .Help("(max - min) / max of used bytes over the devices; 0 when max is 0")
+                       .Help("Snapshot: (max - min) / max of used bytes over the devices")
                        .Register(r)
                        .Add({});
   auto& copies = prometheus::BuildCounter()

@@ -76,4 +76,15 @@ absl::StatusOr<absl::Duration> TimeoutFromFlags(const FlagSet& flags, absl::Dura
   return PositiveDuration(FLAGS_timeout);
 }
 
+absl::StatusOr<absl::Duration> TimeoutFromFlags(const FlagSet& flags) {
+  const std::string text = flags.DefaultText("timeout");
+  absl::Duration fallback;
+  if (text.empty()) {
+    fallback = absl::GetFlag(FLAGS_timeout);  // not on the command line: the flag's default
+  } else if (!absl::ParseDuration(text, &fallback)) {
+    return absl::InternalError(absl::StrCat("--timeout: bad default '", text, "'"));
+  }
+  return TimeoutFromFlags(flags, fallback);
+}
+
 }  // namespace attnserve::attnctl

@@ -73,6 +73,9 @@ absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags();
 
 // --timeout, or `fallback` when the command line does not give it.
 absl::StatusOr<absl::Duration> TimeoutFromFlags(const FlagSet& flags, absl::Duration fallback);
+// --timeout, or else the default the subcommand's help shows (ConnectionFlags'
+// `default_timeout_text`, else the flag's own): what the help says is what applies.
+absl::StatusOr<absl::Duration> TimeoutFromFlags(const FlagSet& flags);
 
 }  // namespace attnserve::attnctl
 

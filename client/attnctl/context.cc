@@ -18,7 +18,6 @@
 #include "client/attnctl/context_util.h"
 #include "client/attnctl/output.h"
 #include "core/util/json.h"
-#include "google/protobuf/util/json_util.h"
 #include "wire/convert.h"
 
 // Shared with run and bench (problem.cc and run.cc define them).
@@ -49,28 +48,15 @@ namespace v1 = ::attnserve::v1;
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
 
-// A message in the proto3 JSON mapping, every field printed; kExitOk or kExitLocal.
+// A message as JSON, every field printed, int64 values as numbers (ProtoJson).
 int PrintProtoJson(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(m, &json, options).ok()) {
-    return Report("context", absl::InternalError("could not print the response as JSON"),
-                  kExitLocal);
-  }
-  std::printf("%s", json.c_str());
-  if (json.empty() || json.back() != '\n') std::printf("\n");
+  std::printf("%s\n", ProtoJson(m, /*all_primitive_fields=*/true).Dump(/*expand_depth=*/2).c_str());
   return kExitOk;
 }
 
 // One line, compact, for a Json report.
 std::string CompactProtoJson(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(m, &json, options).ok()) return "null";
-  return json;
+  return ProtoJson(m, /*all_primitive_fields=*/true).Dump();
 }
 
 void PrintStatus(const v1::ContextStatus& c) {
@@ -124,7 +110,7 @@ int CreateMain(const FlagSet& flags) {
                                 "--ttl: expected whole seconds >= 0 such as 90s or 10m, got ",
                                 absl::FormatDuration(ttl))));
   }
-  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::ContextStatus> c =
       call->client->CreateContext(*name, dtype, *kv_heads, *head_dim, capacity, ttl, call->options);
@@ -161,7 +147,7 @@ int AppendMain(const FlagSet& flags) {
     random = *r;
   }
   // Long appends need a long deadline: the default is run's.
-  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Minutes(5));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
 
   // The context's dtype and row shape, to read or make rows that fit.
@@ -230,7 +216,7 @@ int StatsMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context stats";
   absl::StatusOr<std::string> name = ContextName(flags);
   if (!name.ok()) return UsageError(kCmd, name.status());
-  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::ContextStatus> c = call->client->GetContext(*name, call->options);
   if (!c.ok()) return ContextCallFailed("GetContext", *name, c.status());
@@ -241,7 +227,7 @@ int StatsMain(const FlagSet& flags) {
 
 int ListMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context list";
-  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::ListContextsResponse> list = call->client->ListContexts(call->options);
   if (!list.ok()) {
@@ -270,7 +256,7 @@ int DeleteMain(const FlagSet& flags) {
   constexpr absl::string_view kCmd = "context delete";
   absl::StatusOr<std::string> name = ContextName(flags);
   if (!name.ok()) return UsageError(kCmd, name.status());
-  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Seconds(10));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
   absl::StatusOr<v1::DeleteContextResponse> d = call->client->DeleteContext(*name, call->options);
   if (!d.ok()) return ContextCallFailed("DeleteContext", *name, d.status());

@@ -71,7 +71,7 @@ int ContextAttendMain(const FlagSet& flags) {
   if (absl::StatusOr<double> t = NonNegative(FLAGS_tolerance); !t.ok()) {
     return UsageError(kCmd, t.status());
   }
-  absl::StatusOr<ContextCall> call = StartContextCall(flags, absl::Minutes(5));
+  absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
 
   // The context's dtype, heads and rows: Q is made or read to fit them.

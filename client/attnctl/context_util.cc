@@ -18,8 +18,8 @@ ABSL_DECLARE_FLAG(int64_t, seed);
 
 namespace attnserve::attnctl {
 
-absl::StatusOr<ContextCall> StartContextCall(const FlagSet& flags, absl::Duration default_timeout) {
-  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags, default_timeout);
+absl::StatusOr<ContextCall> StartContextCall(const FlagSet& flags) {
+  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags);
   if (!timeout.ok()) return timeout.status();
   absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
   if (!client.ok()) return client.status();

@@ -26,9 +26,9 @@ struct ContextCall {
   client::CallOptions options;
 };
 
-// The client and the deadline (--timeout, else `default_timeout`); INVALID_ARGUMENT (a usage
-// error) for bad connection flags.
-absl::StatusOr<ContextCall> StartContextCall(const FlagSet& flags, absl::Duration default_timeout);
+// The client and the deadline (--timeout, else the default the command's help shows);
+// INVALID_ARGUMENT (a usage error) for bad connection flags.
+absl::StatusOr<ContextCall> StartContextCall(const FlagSet& flags);
 
 // The context's NAME, the one operand; INVALID_ARGUMENT when it is missing.
 absl::StatusOr<std::string> ContextName(const FlagSet& flags);

@@ -9,24 +9,21 @@
 #include "absl/strings/str_join.h"
 #include "client/attnctl/common.h"
 #include "client/attnctl/output.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace attnserve::attnctl {
 namespace {
 
 namespace v1 = ::attnserve::v1;
 
+// The DescribeResponse as JSON: proto3 field names, int64 values as numbers, and the block sizes
+// and head dims as ranges ({"min": 1, "max": 256}) rather than one number each.
 int PrintJson(const v1::DescribeResponse& d) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(d, &json, options).ok()) {
-    return Report("describe", absl::InternalError("could not print the response as JSON"),
-                  kExitLocal);
-  }
-  std::printf("%s", json.c_str());
-  if (json.empty() || json.back() != '\n') std::printf("\n");
+  Json limits = ProtoJson(d.limits(), /*all_primitive_fields=*/true);
+  limits.Set("blockSizes", RangesJson(d.limits().block_sizes()));
+  limits.Set("headDims", RangesJson(d.limits().head_dims()));
+  Json json = ProtoJson(d, /*all_primitive_fields=*/true);
+  json.Set("limits", std::move(limits));
+  std::printf("%s\n", json.Dump(/*expand_depth=*/2).c_str());
   return kExitOk;
 }
 
@@ -54,7 +51,7 @@ void PrintText(const std::string& target, const v1::DescribeResponse& d) {
 }
 
 int DescribeMain(const FlagSet& flags) {
-  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags, absl::Seconds(10));
+  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags);
   if (!timeout.ok()) return UsageError("describe", timeout.status());
   absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
   if (!client.ok()) return UsageError("describe", client.status());
@@ -80,7 +77,8 @@ Command DescribeCommand() {
       "describe",
       "describe --server HOST:PORT [--json] [--timeout 10s] [--max-attempts N]",
       "Prints the server's devices, backends, limits and supported specs (--json: the\n"
-      "DescribeResponse in the proto3 JSON mapping).\n",
+      "DescribeResponse as JSON with proto3 field names, int64 values as numbers and the\n"
+      "block sizes and head dims as ranges, [{\"min\": 1, \"max\": 256}]).\n",
       std::move(flags),
       &DescribeMain,
   };

@@ -54,6 +54,11 @@ std::string DashedFlag(absl::string_view name) {
 absl::StatusOr<FlagSet> ParseCommandFlags(const std::vector<FlagUse>& accepted,
                                           const std::vector<std::string>& args, int max_operands) {
   FlagSet set;
+  for (const FlagUse& use : accepted) {
+    if (!use.default_text.empty()) {
+      set.default_texts_[std::string(use.name)] = std::string(use.default_text);
+    }
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const bool operand = args[i].rfind("-", 0) != 0 && !args[i].empty();
     if (operand && static_cast<int>(set.operands_.size()) < max_operands) {

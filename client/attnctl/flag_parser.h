@@ -8,6 +8,7 @@
 #define ATTNSERVE_CLIENT_ATTNCTL_FLAG_PARSER_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,6 +37,12 @@ class FlagSet {
  public:
   // True when the flag (absl name) was on the command line, even with its default value.
   bool Has(absl::string_view name) const { return present_.count(std::string(name)) > 0; }
+  // The default the subcommand's help shows for the flag (its FlagUse::default_text; "" when it
+  // keeps the flag's own).
+  std::string DefaultText(absl::string_view name) const {
+    const auto it = default_texts_.find(std::string(name));
+    return it == default_texts_.end() ? "" : it->second;
+  }
   // The arguments that are not flags (a context's NAME), in command-line order.
   const std::vector<std::string>& operands() const { return operands_; }
 
@@ -44,6 +51,7 @@ class FlagSet {
                                                    const std::vector<std::string>& args,
                                                    int max_operands);
   std::set<std::string> present_;
+  std::map<std::string, std::string> default_texts_;
   std::vector<std::string> operands_;
 };
 

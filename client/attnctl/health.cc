@@ -13,7 +13,7 @@ namespace attnserve::attnctl {
 namespace {
 
 int HealthMain(const FlagSet& flags) {
-  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags, absl::Seconds(5));
+  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags);
   if (!timeout.ok()) return UsageError("health", timeout.status());
   absl::StatusOr<std::unique_ptr<client::AttnClient>> client = ClientFromFlags();
   if (!client.ok()) return UsageError("health", client.status());

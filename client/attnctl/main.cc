@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -36,10 +38,33 @@ bool InContextGroup(const Command& c) {
   return absl::StartsWith(c.name, absl::StrCat(kContextGroup, " "));
 }
 
+// The subcommands' --timeout defaults side by side, from their flags: the flag's own default,
+// then each other default with the subcommands that have it ("5m; health 5s; describe, ... 10s").
+std::string TimeoutDefaults(const std::vector<Command>& commands) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag("timeout");
+  const std::string base = flag == nullptr ? "" : flag->DefaultValue();
+  std::vector<std::pair<std::string, std::vector<std::string>>> others;  // default, commands
+  for (const Command& c : commands) {
+    for (const FlagUse& use : c.flags) {
+      if (use.name != "timeout" || use.default_text.empty() || use.default_text == base) continue;
+      auto it = std::find_if(others.begin(), others.end(),
+                             [&](const auto& o) { return o.first == use.default_text; });
+      if (it == others.end()) it = others.insert(others.end(), {std::string(use.default_text), {}});
+      it->second.emplace_back(c.name);
+    }
+  }
+  std::string out = base;
+  for (const auto& [text, names] : others) {
+    absl::StrAppend(&out, "; ", absl::StrJoin(names, ", "), " ", text);
+  }
+  return out;
+}
+
 // Every subcommand's usage and summary, then every flag once, then the exit codes.
 std::string OverviewHelp(const std::vector<Command>& commands) {
   std::string usage = "attnctl: command-line client of attnserve.\n\nUsage:\n";
   std::string summaries;
+  const std::string timeout_defaults = TimeoutDefaults(commands);
   std::vector<FlagUse> flags;
   for (const Command& c : commands) {
     absl::StrAppend(&usage, "  attnctl ", c.synopsis, "\n");
@@ -53,10 +78,7 @@ std::string OverviewHelp(const std::vector<Command>& commands) {
       if (listed) continue;
       flags.push_back(use);
       // The subcommands' own defaults, side by side.
-      if (use.name == "timeout") {
-        flags.back().default_text =
-            "5m; health 5s, describe and context create/stats/list/delete 10s";
-      }
+      if (use.name == "timeout") flags.back().default_text = timeout_defaults;
     }
   }
   absl::StrAppend(&usage, "  attnctl help [COMMAND]    (or attnctl COMMAND --help)\n\n", summaries);

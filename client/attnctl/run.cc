@@ -36,7 +36,7 @@ int RunMain(const FlagSet& flags) {
   }
   absl::StatusOr<v1::Placement> placement = PlacementFromFlags();
   if (!placement.ok()) return UsageError("run", placement.status());
-  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags, absl::Minutes(5));
+  absl::StatusOr<absl::Duration> timeout = TimeoutFromFlags(flags);
   if (!timeout.ok()) return UsageError("run", timeout.status());
   if (absl::Status s =
           ValidateCheckFlags(problem->q, problem->k.rank() == 4 ? problem->k.dim(1) : 0);

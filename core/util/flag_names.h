@@ -16,9 +16,23 @@ namespace attnserve {
 // "-h" and "--" come back unchanged.
 std::string FlagArgWithUnderscores(absl::string_view arg);
 
+// How users type a flag: "metrics_listen" -> "--metrics-listen".
+std::string DashedFlagName(absl::string_view name);
+
+// Help for the flags defined in source files whose path contains `file_part` (e.g.
+// "server/main.cc"), sorted by name, spelled with dashes as users type them:
+//   --metrics-listen (default "0.0.0.0:9464")
+//       Prometheus /metrics address host:port (port 0: a free port); empty disables it
+// absl's own --helpfull lists them with underscores.
+std::string DashedFlagsHelp(absl::string_view file_part);
+
 // argv with every flag name rewritten by FlagArgWithUnderscores, for absl::ParseCommandLine.
-// Arguments after a bare "--" are positional and stay as they are. The object owns the strings
-// that argv() points into: keep it alive while the pointers are used.
+// Flagfiles (--flagfile=FILE[,FILE], --flagfile FILE, nested ones too) are read here and their
+// flags put in place of the --flagfile argument, rewritten the same way, so that a flagfile may
+// spell names with dashes as well; a file that cannot be read or that absl would refuse stays a
+// --flagfile argument for absl to report. Arguments after a bare "--" are positional and stay as
+// they are. The object owns the strings that argv() points into: keep it alive while the
+// pointers are used.
 class UnderscoredArgv {
  public:
   UnderscoredArgv(int argc, char** argv);
@@ -30,6 +44,8 @@ class UnderscoredArgv {
   char** argv() { return pointers_.data(); }
 
  private:
+  void AddFlags(const std::vector<std::string>& flags, int depth);
+
   std::vector<std::string> args_;
   std::vector<char*> pointers_;
 };

@@ -273,18 +273,22 @@ def memory_dashboard():
     p = []
     p.append(L.row("Balance across devices"))
     p.append(stat(
-        L, "Memory imbalance ratio",
-        [('max(attnserve_device_memory_imbalance_ratio{%s})' % SEL_I, "imbalance")],
+        L, "Memory imbalance (10m, working devices)",
+        [('max(attnserve:device_memory_imbalance:ratio_avg10m{%s})' % SEL_I, "imbalance")],
         "percentunit", imb_th, w=6,
-        description="(max - min) / max of device memory in use over this server's devices, as the "
-                    "server exports it. Alert AttnserveGpuMemoryImbalance fires above 0.2 for 5m."))
+        description="(max - min) / max of the 10-minute average memory in use of the devices that "
+                    "shared the work (busy at least 1% of the window); idle devices do not count. "
+                    "Alert AttnserveGpuMemoryImbalance fires above 0.2 for 5m when the fullest of "
+                    "them holds over 10% of its memory."))
     p.append(timeseries(
         L, "Memory imbalance ratio",
-        [('max(attnserve_device_memory_imbalance_ratio{%s})' % SEL_I, "exported"),
-         ('max(attnserve:device_memory_imbalance:ratio{%s})' % SEL_I, "recomputed from used bytes")],
+        [('max(attnserve:device_memory_imbalance:ratio_avg10m{%s})' % SEL_I,
+          "10m averages, working devices (alerted)"),
+         ('max(attnserve_device_memory_imbalance_ratio{%s})' % SEL_I, "snapshot, all devices")],
         "percentunit", w=9, th=imb_th, th_style="line+area", minimum=0, maximum=1,
-        description="Exported ratio and the recording rule that recomputes it from the per-device "
-                    "series; red above 0.2 (the alert threshold)."))
+        description="The alerted ratio (recording rule over 10-minute averages of the devices that "
+                    "shared the work) and the server's snapshot over all devices, which reads 1 "
+                    "whenever one device is idle next to a busy one; red above 0.2."))
     p.append(timeseries(
         L, "Max - min memory in use",
         [('max(attnserve_device_memory_used_bytes{%s}) - min(attnserve_device_memory_used_bytes{%s})'

@@ -3,12 +3,22 @@
 #include "server/grpc/service.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
 namespace attnserve {
+namespace {
+
+// 32 random bits as 8 hex digits: the run part of generated request ids.
+std::string RandomRunId() {
+  std::random_device random;
+  return absl::StrFormat("%08x", static_cast<uint32_t>(random()));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> AttentionServiceImpl::Create(
     const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler, Metrics* metrics) {
@@ -55,7 +65,8 @@ AttentionServiceImpl::AttentionServiceImpl(const ServiceOptions& options, Device
       pool_(pool),
       scheduler_(scheduler),
       metrics_(metrics),
-      contexts_(std::move(contexts)) {
+      contexts_(std::move(contexts)),
+      run_id_(RandomRunId()) {
   RegionRegistryOptions regions;
   regions.max_regions = options.max_regions;
   regions.host_memory = &pool->device(0).host_memory();
@@ -100,7 +111,7 @@ int64_t AttentionServiceImpl::active_calls() const {
 }
 
 std::string AttentionServiceImpl::NextRequestId() {
-  return absl::StrFormat("req-%06d", next_id_.fetch_add(1));
+  return absl::StrFormat("req-%s-%06d", run_id_, next_id_.fetch_add(1));
 }
 
 }  // namespace attnserve

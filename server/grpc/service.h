@@ -105,6 +105,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                        Metrics* metrics, std::unique_ptr<ContextStore> contexts);
   void CallStarted();
   void CallEnded();
+  // "req-<run>-<n>": <run> is 8 hex digits drawn at random when the service starts, <n> counts
+  // this run's requests from 1, so that ids stay unique across restarts.
   std::string NextRequestId();
 
   ServiceOptions options_;
@@ -115,6 +117,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<ContextStore> contexts_;
   std::atomic<bool> draining_{false};
+  const std::string run_id_;
   std::atomic<uint64_t> next_id_{1};
 
   mutable std::mutex calls_mu_;

@@ -26,6 +26,9 @@ What it checks (each line of output is PASS, FAIL or SKIP with the reason):
                same facts without PyYAML. PyYAML is never required.
   k8s          deploy/k8s/*.yaml: the same, structural with PyYAML, textual without.
   docker       the Dockerfiles' required instructions; `bash -n` on the shell scripts.
+  docs         every document the project's documents (and deploy/, tests/deploy, server/) name
+               is in the repository, and every docs/DESIGN.md section they name is a heading
+               there: the documentation stands alone.
 
 The checks live in deploy_checks/ (one module per area); this file runs them.
 Exit status 0 when nothing FAILed. The last line reads "N passed, N failed, N skipped".
@@ -36,6 +39,7 @@ import pathlib
 import sys
 
 from deploy_checks.containers import check_compose, check_docker, check_k8s
+from deploy_checks.docs import check_docs
 from deploy_checks.metrics import DESIGN_METRICS, check_design_metrics
 from deploy_checks.observability import (check_dashboards, check_prometheus, check_promql,
                                          check_server)
@@ -63,6 +67,7 @@ def main():
     check_compose(rep, repo)
     check_k8s(rep, repo)
     check_docker(rep, repo)
+    check_docs(rep, repo)
 
     c = rep.counts
     print("deploy: %d passed, %d failed, %d skipped" % (c["PASS"], c["FAIL"], c["SKIP"]))

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/attn_client.h"
 #include "core/tensor/npy.h"
 #include "google/protobuf/struct.pb.h"
@@ -88,13 +90,15 @@ TEST_F(AttnctlTest, RunRandomWithCheck) {
   EXPECT_TRUE(Contains(r.output, "backend    cpu")) << r.output;
   EXPECT_TRUE(Contains(r.output, "GFLOP/s")) << r.output;
   EXPECT_TRUE(Contains(r.output, "sparsity")) << r.output;
-  EXPECT_TRUE(Contains(r.output, "\"causal\":true")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "\"causal\": true")) << r.output;
   EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
 
   r = Attnctl({"run", Server(), "--random=1,300,2,2,64", "--dtype=bf16",
                absl::StrCat("--seed=", seed + 1), R"(--spec={"window": {"size": 17}})", "--check"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+  // The spec echo writes int64 values as numbers (the proto3 mapping would write "17").
+  EXPECT_TRUE(Contains(r.output, R"(spec       {"window": {"size": 17}})")) << r.output;
 }
 
 // --shm: the same request through a shared-memory region, checked the same way; the region is
@@ -284,7 +288,7 @@ TEST_F(AttnctlTest, ContextLifecycle) {
   r = Attnctl({"context", "stats", ctx, Server(), "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(ParseJsonObject(r.output, &json)) << r.output;
-  EXPECT_EQ(json.fields().at("tokens").string_value(), "500");  // int64 in proto3 JSON
+  EXPECT_EQ(json.fields().at("tokens").number_value(), 500);  // int64 as a JSON number
   EXPECT_EQ(json.fields().at("device").string_value(), "cpu:0");
 
   r = Attnctl({"context", "list", Server()});
@@ -353,6 +357,7 @@ TEST_F(AttnctlTest, DescribeAndHealth) {
   CommandResult r = Attnctl({"describe", Server()});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(Contains(r.output, "backend     cpu")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "head dims [1-256]")) << r.output;
   EXPECT_TRUE(Contains(r.output, "cpu:0")) << r.output;
   EXPECT_TRUE(Contains(r.output, "block_sparse")) << r.output;
 
@@ -362,6 +367,23 @@ TEST_F(AttnctlTest, DescribeAndHealth) {
   ASSERT_TRUE(ParseJsonObject(r.output, &json)) << r.output;
   EXPECT_EQ(json.fields().at("backend").string_value(), "cpu");
   EXPECT_GE(json.fields().at("devices").list_value().values_size(), 1);
+  // Head dims as ranges (the CPU backend runs 1-256), int64 limits as numbers.
+  const auto& limits = json.fields().at("limits").struct_value().fields();
+  const auto& head_dims = limits.at("headDims").list_value();
+  ASSERT_EQ(head_dims.values_size(), 1) << r.output;
+  EXPECT_EQ(head_dims.values(0).struct_value().fields().at("min").number_value(), 1);
+  EXPECT_EQ(head_dims.values(0).struct_value().fields().at("max").number_value(), 256);
+  EXPECT_GT(limits.at("maxRequestBytes").number_value(), 0) << r.output;
+  EXPECT_GT(json.fields()
+                .at("devices")
+                .list_value()
+                .values(0)
+                .struct_value()
+                .fields()
+                .at("memoryTotalBytes")
+                .number_value(),
+            0)
+      << r.output;
 
   r = Attnctl({"health", Server()});
   EXPECT_EQ(r.exit_code, 0);
@@ -467,6 +489,44 @@ TEST(AttnctlPlacementTest, PlacementFlag) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(Contains(r.output, "--placement")) << r.output;
   EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
+// The --timeout default each subcommand shows in its usage line, in its flag list and in the
+// overview (`attnctl help`) are one and the same (the code applies what the flag list shows).
+TEST(AttnctlHelpTest, TimeoutDefaultsAgree) {
+  auto one_line = [](std::string text) {
+    return std::regex_replace(text, std::regex("\\s+"), " ");
+  };
+  absl::StatusOr<CommandResult> overview = RunCommand(ATTNCTL_BINARY, {"help"});
+  ASSERT_TRUE(overview.ok()) << overview.status();
+  std::smatch m;
+  const std::string all = one_line(overview->output);
+  ASSERT_TRUE(std::regex_search(all, m, std::regex(R"(--timeout DURATION .*?\(default ([^)]*)\))")))
+      << all;
+  const std::string defaults = m[1];  // "5m; health 5s; describe, context create, ... 10s"
+  const std::string base = defaults.substr(0, defaults.find(';'));
+  for (const char* command :
+       {"run", "bench", "health", "describe", "context create", "context append", "context attend",
+        "context stats", "context list", "context delete"}) {
+    SCOPED_TRACE(command);
+    std::vector<std::string> args = absl::StrSplit(command, ' ');
+    args.push_back("--help");
+    absl::StatusOr<CommandResult> help = RunCommand(ATTNCTL_BINARY, args);
+    ASSERT_TRUE(help.ok()) << help.status();
+    const std::string text = one_line(help->output);
+    ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(\[--timeout ([^\]]+)\])"))) << text;
+    const std::string usage_default = m[1];
+    ASSERT_TRUE(
+        std::regex_search(text, m, std::regex(R"(--timeout DURATION .*?\(default ([^)]*)\))")))
+        << text;
+    EXPECT_EQ(usage_default, m[1].str()) << text;
+    // The overview: the command named with its default, or the base default.
+    const bool named = std::regex_search(
+        defaults,
+        std::regex(absl::StrCat("(^|[;,] )", command, "(, [a-z ]+)* ", usage_default, "($|;)")));
+    EXPECT_TRUE(named || (usage_default == base && defaults.find(command) == std::string::npos))
+        << defaults;
+  }
 }
 
 }  // namespace
