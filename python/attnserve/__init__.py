@@ -34,7 +34,7 @@ from .errors import (
     Unknown,
     error_for,
 )
-from .shm import ShmRegion
+from .shm import SharedArrays, ShmRegion
 from .spec import Spec
 from .tensors import bf16_bits_to_f32, f32_to_bf16_bits
 
@@ -46,6 +46,7 @@ __all__ = [
     "AttendResult",
     "Spec",
     "ShmRegion",
+    "SharedArrays",
     "pb",
     "f32_to_bf16_bits",
     "bf16_bits_to_f32",

@@ -87,6 +87,7 @@ class AttendPlan:
     uploads: list = field(default_factory=list)  # (TensorKind, Raw)
     ipc: Optional[IpcPlan] = None
     shm: Optional[ShmRegion] = None
+    shared: Any = None  # SharedArrays the inputs live in (zero copy)
     _keep: list = field(default_factory=list)  # tensors the refs point into
     _ipc_out: tuple = ()
     _shm_out: tuple = ()
@@ -129,6 +130,30 @@ class AttendPlan:
         self.uploads = []
         self.shm = region
 
+    def use_shared(self, shared) -> None:
+        """Points the header's refs at inputs already inside `shared`'s region, and O/LSE at its
+        o and lse: nothing is copied."""
+        fields = {pb.TENSOR_Q: "q_region", pb.TENSOR_K: "k_region", pb.TENSOR_V: "v_region"}
+        h = self.header.header
+        for kind, raw in self.uploads:
+            off = shared.locate(raw.array)
+            if off is None:
+                raise InvalidArgument(
+                    f"{fields[kind]}: the tensor is not inside the shared arrays' region (fill "
+                    "their q, k and v in place, in the dtype they were made with)"
+                )
+            getattr(h, fields[kind]).CopyFrom(shared.region.ref(off, raw.nbytes))
+        if tuple(shared.o.shape) != tuple(self.o_shape) or shared.dtype != self.dtype:
+            raise InvalidArgument(
+                f"o_region: the shared arrays hold O {list(shared.o.shape)}, this call needs "
+                f"{list(self.o_shape)} of the inputs' dtype"
+            )
+        h.o_region.CopyFrom(shared.region.ref(shared.o_offset, shared.o.nbytes))
+        if self.return_lse:
+            h.lse_region.CopyFrom(shared.region.ref(shared.lse_offset, shared.lse.nbytes))
+        self.uploads = []
+        self.shared = shared
+
     # ---- outputs ----
     def result(self, asm: wire.ResponseAssembler, attempts: int) -> AttendResult:
         header = asm.header
@@ -137,6 +162,16 @@ class AttendPlan:
             return AttendResult(
                 o,
                 lse if self.return_lse else None,
+                header,
+                time.monotonic() - self.started,
+                attempts,
+            )
+        if self.shared is not None:
+            if not header.outputs_in_regions:
+                raise wire.DataLoss("response: outputs_in_regions is false for shared arrays")
+            return AttendResult(
+                tensors.from_raw(self.shared.o, self.dtype, self.kind),
+                self.shared.lse if self.return_lse else None,
                 header,
                 time.monotonic() - self.started,
                 attempts,

@@ -22,8 +22,8 @@ import grpc
 from . import _common, tensors, wire
 from ._plan import AttendPlan, AttendResult, ContextInfo, prepare_attend
 from ._proto import pb
-from .errors import AttnserveError, Cancelled, DataLoss, from_rpc_error
-from .shm import ShmPool
+from .errors import AttnserveError, Cancelled, DataLoss, InvalidArgument, from_rpc_error
+from .shm import SharedArrays, ShmPool
 from .spec import SpecLike, to_spec_proto
 
 _UNARY = {
@@ -106,6 +106,7 @@ class Client:
         self._next = itertools.cycle(range(connections))
         self._local = _common.is_local(address)
         self._shm = ShmPool()
+        self._shared: list = []  # SharedArrays made by shared_arrays(), until closed
         self._contexts: dict = {}
         self._describe: Optional[pb.DescribeResponse] = None
         self._lock = threading.Lock()
@@ -206,7 +207,10 @@ class Client:
         if transport in ("auto", "cuda_ipc") and tensors.is_cuda_tensor(q):
             d = self._describe or self.describe(timeout=self._remaining(deadline))
             backend, devices = d.backend, d.devices
-        mode = _common.resolve_transport(transport, q, self._local, backend)
+        shared = self._shared_of(q) if transport in ("auto", "shm") else None
+        mode = "shm" if shared is not None else _common.resolve_transport(
+            transport, q, self._local, backend
+        )
         plan = prepare_attend(
             q,
             k,
@@ -228,7 +232,9 @@ class Client:
         )
         registered: list = []
         try:
-            if mode == "shm":
+            if shared is not None:
+                plan.use_shared(shared)
+            elif mode == "shm":
                 self._attach_shm(plan, deadline)
             elif mode == "cuda_ipc":
                 for req in plan.ipc.register_requests():
@@ -271,6 +277,37 @@ class Client:
             except DataLoss:
                 call.cancel()
                 raise
+
+    def shared_arrays(self, q_shape, kv_shape=None, dtype="bf16", timeout=None) -> SharedArrays:
+        """Q [B, Nq, Hq, D], K and V [B, Nkv, Hkv, D] (default: Q's shape), O and LSE as numpy arrays
+        in one shared memory region registered with the server (same host). Fill q, k, v in place
+        (bf16: uint16 bits) and call attend(sa.q, sa.k, sa.v, spec): nothing is copied, and the
+        result's o and lse are sa.o and sa.lse. Close it (or use `with`) when done."""
+        dt = tensors.dtype_from_name(dtype)
+        q_shape = tuple(int(x) for x in q_shape)
+        kv_shape = tuple(int(x) for x in (kv_shape or q_shape))
+        if len(q_shape) != 4 or len(kv_shape) != 4:
+            raise InvalidArgument("shared_arrays: shapes are [B, N, H, D]")
+        sa = SharedArrays(q_shape, kv_shape, tensors.NP_CARRIER[dt], dt)
+        try:
+            self._unary("RegisterRegion", sa.region.register_request(), timeout or 30.0)
+        except AttnserveError:
+            sa.close()
+            raise
+        sa._on_close = self._close_shared
+        self._shared.append(sa)
+        return sa
+
+    def _shared_of(self, q):
+        for sa in self._shared:
+            if sa.locate(q) is not None:
+                return sa
+        return None
+
+    def _close_shared(self, sa) -> None:
+        self._unregister_quietly(sa.region.name)
+        if sa in self._shared:
+            self._shared.remove(sa)
 
     def _attach_shm(self, plan: AttendPlan, deadline) -> None:
         region = self._shm.acquire(plan.shm_bytes())
@@ -376,6 +413,8 @@ class Client:
     # ---- lifetime ----
     def close(self) -> None:
         """Unregisters and frees the shared memory this client registered, closes channels."""
+        for sa in list(self._shared):
+            sa.close()
         for region in self._shm.drain():
             if region.registered:
                 self._unregister_quietly(region.name)

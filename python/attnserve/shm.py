@@ -85,6 +85,63 @@ class ShmRegion:
             pass
 
 
+class SharedArrays:
+    """Q, K, V, O and LSE as numpy arrays inside one shared memory region that the server has
+    registered (Client.shared_arrays): fill q, k and v in place, pass them to attend(), and the
+    server reads them where they are and writes O and LSE into o and lse -- no copy on either
+    side. The result's o and lse are these arrays (the next attend with them overwrites them).
+    Carrier dtypes: float32, float16, or uint16 holding bf16 bits. close() unregisters and frees
+    the region (the Client closes any left open)."""
+
+    def __init__(self, q_shape: tuple, kv_shape: tuple, carrier: np.dtype, dtype: int):
+        b, n, hq, d = q_shape
+        self.dtype = dtype  # proto DType
+        it = carrier.itemsize
+        sizes = [
+            int(np.prod(q_shape)) * it,
+            int(np.prod(kv_shape)) * it,
+            int(np.prod(kv_shape)) * it,
+            int(np.prod(q_shape)) * it,
+            b * hq * n * 4,
+        ]
+        offsets, total = layout(sizes)
+        self.region = ShmRegion(total)
+        self.q = self.region.ndarray(offsets[0], q_shape, carrier)
+        self.k = self.region.ndarray(offsets[1], kv_shape, carrier)
+        self.v = self.region.ndarray(offsets[2], kv_shape, carrier)
+        self.o = self.region.ndarray(offsets[3], q_shape, carrier)
+        self.lse = self.region.ndarray(offsets[4], (b, hq, n), np.dtype("<f4"))
+        self.o_offset, self.lse_offset = offsets[3], offsets[4]
+        self._bytes = self.region.ndarray(0, (total,), np.uint8)
+        self._base = self._bytes.ctypes.data
+        self._on_close = None
+
+    def locate(self, arr) -> Optional[int]:
+        """The byte offset of a C-contiguous numpy array lying wholly inside the region, else
+        None."""
+        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+            return None
+        off = arr.ctypes.data - self._base
+        if off < 0 or off + arr.nbytes > self.region.size:
+            return None
+        return off
+
+    def close(self) -> None:
+        if self.region is None:
+            return
+        if self._on_close is not None:
+            self._on_close(self)
+        del self.q, self.k, self.v, self.o, self.lse, self._bytes
+        self.region.close()
+        self.region = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class ShmPool:
     """Registered regions reused across calls; acquire() hands one out exclusively."""
 

@@ -65,3 +65,34 @@ def test_user_registered_region(client):
             client.unregister_region(region.name)
     finally:
         region.close()
+
+
+def test_shared_arrays_are_read_and_written_in_place(address):
+    rng = np.random.default_rng(77)
+    spec = attnserve.Spec.dense(causal=True)
+    with attnserve.Client(address) as c:
+        with c.shared_arrays((1, 96, 4, 32), (1, 96, 2, 32), dtype="f32") as sa:
+            assert sa.region.name in [r.name for r in c.list_regions()]
+            for _ in range(2):  # the second call overwrites the first's O in place
+                sa.q[...] = rng.uniform(-1, 1, sa.q.shape)
+                sa.k[...] = rng.uniform(-1, 1, sa.k.shape)
+                sa.v[...] = rng.uniform(-1, 1, sa.v.shape)
+                sa.o[...] = np.nan  # poisoned: every element must be written by the server
+                r = c.attend(sa.q, sa.k, sa.v, spec, return_lse=True)
+                assert np.shares_memory(r.o, sa.o) and np.shares_memory(r.lse, sa.lse)
+                assert r.header.outputs_in_regions
+                ref_o, ref_lse = attention(sa.q, sa.k, sa.v, spec.to_proto())
+                assert max_rel_error(r.o, ref_o) < 1e-4
+                assert max_lse_error(r.lse, ref_lse) < 1e-4
+            name = sa.region.name
+        assert name not in [r.name for r in c.list_regions()]  # closed: unregistered
+
+
+def test_shared_arrays_refuse_outputs_of_another_shape(address):
+    with attnserve.Client(address) as c:
+        with c.shared_arrays((1, 64, 2, 32), dtype="f32") as sa:
+            sa.q[...] = 0.5
+            sa.k[...] = 0.25
+            sa.v[...] = 1.0
+            with pytest.raises(attnserve.InvalidArgument, match="o_region"):
+                c.attend(sa.q[:, :32], sa.k, sa.v)  # Q of 32 rows: O would not be sa.o
