@@ -28,7 +28,7 @@ using ::attnserve::testing::PlanRunResult;
 using ::attnserve::testing::RunPlanOnGpu;
 using ::attnserve::testing::ShapeString;
 
-// Tolerances of the brief: max |o - ref| / max |ref|.
+// The project's GPU tolerances: max |o - ref| / max |ref|.
 double OTol(DType dtype) {
   switch (dtype) {
     case DType::kF16:

@@ -64,7 +64,7 @@ CudnnSdpa* SharedEngine(std::string* why) {
   CudnnSdpa* var = SharedEngine(&skip_reason_); \
   if (var == nullptr) GTEST_SKIP() << skip_reason_
 
-// Tolerances of the brief (max |o - ref| / max |ref|; LSE absolute, natural log).
+// The project's GPU tolerances (max |o - ref| / max |ref|; LSE absolute, natural log).
 double OTol(DType d) { return d == DType::kF16 ? 5e-3 : 1e-2; }
 constexpr double kLseTol = 1e-2;
 
