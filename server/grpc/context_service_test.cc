@@ -31,37 +31,12 @@ using ::testing::HasSubstr;
 class ContextServiceTest : public ServiceTest {
  protected:
   grpc::Status Create(const std::string& name, int64_t capacity, int64_t ttl_s = 0) {
-    grpc::ClientContext ctx;
-    v1::CreateContextRequest req;
-    req.set_name(name);
-    req.set_dtype(v1::DTYPE_BF16);
-    req.set_kv_heads(2);
-    req.set_head_dim(64);
-    req.set_capacity_tokens(capacity);
-    req.set_ttl_seconds(ttl_s);
-    v1::CreateContextResponse resp;
-    return stub_->CreateContext(&ctx, req, &resp);
+    return service_testing::CreateBf16Context(stub_.get(), name, 2, 64, capacity, ttl_s);
   }
   // Appends rows [from, from + n) of k and v ([1, N, 2, 64]).
   grpc::Status Append(const std::string& name, const Inputs& kv, int64_t from, int64_t n,
                       std::optional<int64_t> expect = {}) {
-    grpc::ClientContext ctx;
-    v1::AppendContextResponse resp;
-    auto w = stub_->AppendContext(&ctx, &resp);
-    v1::AppendContextRequest m;
-    m.mutable_header()->set_context(name);
-    m.mutable_header()->set_tokens(n);
-    if (expect) m.mutable_header()->set_expect_tokens(*expect);
-    w->Write(m);
-    const int64_t row = 2 * 64 * 2;
-    for (auto [kind, t] : {std::pair{v1::TENSOR_K, &kv.k}, std::pair{v1::TENSOR_V, &kv.v}}) {
-      m.Clear();
-      m.mutable_chunk()->set_tensor(kind);
-      m.mutable_chunk()->set_data(reinterpret_cast<const char*>(t->data()) + from * row, n * row);
-      w->Write(m);
-    }
-    w->WritesDone();
-    return w->Finish();
+    return service_testing::AppendContextRows(stub_.get(), name, kv.k, kv.v, from, n, expect);
   }
 };
 
@@ -94,13 +69,9 @@ TEST_F(ContextServiceTest, LifecycleMatchesReferenceAndFreesEverything) {
     spec.q_offset = c.offset >= 0 ? c.offset : 600 - c.nq;
     absl::StatusOr<ReferenceResult> ref = ReferenceAttention(spec, q_only.q, all.k, all.v);
     ASSERT_TRUE(ref.ok()) << ref.status();
-    HostTensor o = *HostTensor::Create(DType::kBF16, {1, c.nq, 8, 64});
-    HostTensor lse = *HostTensor::Create(DType::kF32, {1, 8, c.nq});
-    ASSERT_EQ(r.o.size(), o.nbytes());
-    ASSERT_EQ(r.lse.size(), lse.nbytes());
-    std::memcpy(o.data(), r.o.data(), r.o.size());
-    std::memcpy(lse.data(), r.lse.data(), r.lse.size());
-    const ErrorStats e = CompareToReference(*ref, o, &lse);
+    const std::optional<AttentionOutputs> out = service_testing::OutputsOf(h, r);
+    ASSERT_TRUE(out.has_value());
+    const ErrorStats e = CompareToReference(*ref, out->o, &out->lse);
     EXPECT_EQ(e.nonfinite, 0);
     EXPECT_LE(e.o_rel, ReferenceOTolerance(DType::kBF16));
     EXPECT_LE(e.lse_max_abs, kReferenceLseTolerance);

@@ -121,7 +121,8 @@ struct CallResult {
   int responses = 0;
 };
 
-// Sends the header, then every tensor in chunks of `chunk` bytes in a shuffled order.
+// Sends the header, then every tensor in chunks of `chunk` bytes in a shuffled order (an attend
+// against a context passes empty k and v; a header alone, empty q too).
 inline CallResult Attend(v1::AttentionService::Stub* stub, const v1::AttendHeader& header,
                          const Inputs& in, int64_t chunk,
                          std::optional<absl::Duration> timeout = {}) {
@@ -161,13 +162,21 @@ inline CallResult Attend(v1::AttentionService::Stub* stub, const v1::AttendHeade
     ++r.responses;
     if (resp.has_header()) {
       r.header = resp.header();
-      r.o.resize(resp.header().o_bytes());
-      r.lse.resize(resp.header().lse_bytes());
+      // Poisoned (0xFF bytes are NaN in f32, f16 and bf16): a byte the server never sends fails
+      // the comparison with the reference.
+      r.o.assign(static_cast<size_t>(resp.header().o_bytes()), '\xff');
+      r.lse.assign(static_cast<size_t>(resp.header().lse_bytes()), '\xff');
     } else {
       std::string& dst = resp.chunk().tensor() == v1::TENSOR_O ? r.o : r.lse;
-      EXPECT_LE(resp.chunk().offset() + resp.chunk().data().size(), dst.size());
-      std::memcpy(dst.data() + resp.chunk().offset(), resp.chunk().data().data(),
-                  resp.chunk().data().size());
+      const bool inside = resp.chunk().offset() >= 0 &&
+                          resp.chunk().offset() + resp.chunk().data().size() <= dst.size();
+      EXPECT_TRUE(inside) << "response chunk [" << resp.chunk().offset() << ", +"
+                          << resp.chunk().data().size() << ") past the " << dst.size()
+                          << " bytes the header announced";
+      if (inside) {
+        std::memcpy(dst.data() + resp.chunk().offset(), resp.chunk().data().data(),
+                    resp.chunk().data().size());
+      }
     }
   }
   r.status = stream->Finish();
@@ -188,22 +197,82 @@ inline v1::AttendHeader Header(v1::DType dtype, int64_t b, int64_t n, int64_t hq
   return h;
 }
 
+// O and LSE of a call as tensors of the header's shapes; nullopt (a test failure) when the
+// server sent another number of bytes.
+inline std::optional<AttentionOutputs> OutputsOf(const v1::AttendHeader& h, const CallResult& r) {
+  const DType dtype = *DTypeFromProto(h.dtype());
+  AttentionOutputs out;
+  out.o = *HostTensor::Create(dtype, {h.batch(), h.tokens(), h.q_heads(), h.head_dim()});
+  out.lse = *HostTensor::Create(DType::kF32, {h.batch(), h.q_heads(), h.tokens()});
+  if (r.o.size() != out.o.nbytes() || r.lse.size() != out.lse.nbytes()) {
+    ADD_FAILURE() << "response: O " << r.o.size() << " bytes (expected " << out.o.nbytes()
+                  << "), LSE " << r.lse.size() << " bytes (expected " << out.lse.nbytes() << ")";
+    return std::nullopt;
+  }
+  std::memcpy(out.o.data(), r.o.data(), r.o.size());
+  std::memcpy(out.lse.data(), r.lse.data(), r.lse.size());
+  return out;
+}
+
 inline void ExpectMatchesReference(const v1::AttendHeader& h, const Inputs& in, const CallResult& r,
                                    double tol) {
-  const DType dtype = *DTypeFromProto(h.dtype());
-  HostTensor o = *HostTensor::Create(dtype, {h.batch(), h.tokens(), h.q_heads(), h.head_dim()});
-  ASSERT_EQ(r.o.size(), o.nbytes());
-  std::memcpy(o.data(), r.o.data(), r.o.size());
-  HostTensor lse = *HostTensor::Create(DType::kF32, {h.batch(), h.q_heads(), h.tokens()});
-  ASSERT_EQ(r.lse.size(), lse.nbytes());
-  std::memcpy(lse.data(), r.lse.data(), r.lse.size());
+  const std::optional<AttentionOutputs> out = OutputsOf(h, r);
+  ASSERT_TRUE(out.has_value());
   absl::StatusOr<ReferenceResult> ref =
       ReferenceAttention(*SpecFromProto(h.spec()), in.q, in.k, in.v);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  const ErrorStats e = CompareToReference(*ref, o, &lse);
+  const ErrorStats e = CompareToReference(*ref, out->o, &out->lse);
   EXPECT_EQ(e.nonfinite, 0);
   EXPECT_LT(e.o_max_abs, tol);
   EXPECT_LT(e.lse_max_abs, 1e-3);
+}
+
+// A bf16 context of `kv_heads` x `head_dim` (capacity 0: growable; shards 0: the server's
+// choice). The response's status goes to `out` when given.
+inline grpc::Status CreateBf16Context(v1::AttentionService::Stub* stub, const std::string& name,
+                                      int64_t kv_heads, int64_t head_dim, int64_t capacity,
+                                      int64_t ttl_s = 0, int shards = 0,
+                                      v1::ContextStatus* out = nullptr) {
+  grpc::ClientContext ctx;
+  v1::CreateContextRequest req;
+  req.set_name(name);
+  req.set_dtype(v1::DTYPE_BF16);
+  req.set_kv_heads(kv_heads);
+  req.set_head_dim(head_dim);
+  req.set_capacity_tokens(capacity);
+  req.set_ttl_seconds(ttl_s);
+  req.set_shards(shards);
+  v1::CreateContextResponse resp;
+  grpc::Status s = stub->CreateContext(&ctx, req, &resp);
+  if (out != nullptr) *out = resp.context();
+  return s;
+}
+
+// Appends rows [from, from + n) of k and v ([1, N, Hkv, D]) to context `name`, each tensor in one
+// chunk; `expect` is the row count the append must land at.
+inline grpc::Status AppendContextRows(v1::AttentionService::Stub* stub, const std::string& name,
+                                      const HostTensor& k, const HostTensor& v, int64_t from,
+                                      int64_t n, std::optional<int64_t> expect = {},
+                                      v1::ContextStatus* out = nullptr) {
+  grpc::ClientContext ctx;
+  v1::AppendContextResponse resp;
+  auto w = stub->AppendContext(&ctx, &resp);
+  v1::AppendContextRequest m;
+  m.mutable_header()->set_context(name);
+  m.mutable_header()->set_tokens(n);
+  if (expect) m.mutable_header()->set_expect_tokens(*expect);
+  w->Write(m);
+  const int64_t row = static_cast<int64_t>(k.nbytes()) / k.dim(1);
+  for (auto [kind, t] : {std::pair{v1::TENSOR_K, &k}, std::pair{v1::TENSOR_V, &v}}) {
+    m.Clear();
+    m.mutable_chunk()->set_tensor(kind);
+    m.mutable_chunk()->set_data(reinterpret_cast<const char*>(t->data()) + from * row, n * row);
+    w->Write(m);
+  }
+  w->WritesDone();
+  grpc::Status s = w->Finish();
+  if (out != nullptr) *out = resp.context();
+  return s;
 }
 
 }  // namespace attnserve::service_testing

@@ -21,6 +21,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/grpc/service.h"
+#include "server/grpc/service_test_support.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "wire/convert.h"
@@ -75,39 +76,12 @@ class ShardedContextTest : public ::testing::Test {
   }
 
   grpc::Status Create(const std::string& name, int64_t capacity, v1::ContextStatus* out) {
-    grpc::ClientContext ctx;
-    v1::CreateContextRequest req;
-    req.set_name(name);
-    req.set_dtype(v1::DTYPE_BF16);
-    req.set_kv_heads(kHkv);
-    req.set_head_dim(kDim);
-    req.set_capacity_tokens(capacity);
-    v1::CreateContextResponse resp;
-    grpc::Status s = stub_->CreateContext(&ctx, req, &resp);
-    if (out != nullptr) *out = resp.context();
-    return s;
+    return service_testing::CreateBf16Context(stub_.get(), name, kHkv, kDim, capacity,
+                                              /*ttl_s=*/0, /*shards=*/0, out);
   }
 
   grpc::Status Append(const std::string& name, int64_t from, int64_t n, v1::ContextStatus* out) {
-    grpc::ClientContext ctx;
-    v1::AppendContextResponse resp;
-    auto w = stub_->AppendContext(&ctx, &resp);
-    v1::AppendContextRequest m;
-    m.mutable_header()->set_context(name);
-    m.mutable_header()->set_tokens(n);
-    m.mutable_header()->set_expect_tokens(from);
-    w->Write(m);
-    for (auto [kind, t] : {std::pair{v1::TENSOR_K, &k_}, std::pair{v1::TENSOR_V, &v_}}) {
-      m.Clear();
-      m.mutable_chunk()->set_tensor(kind);
-      m.mutable_chunk()->set_data(reinterpret_cast<const char*>(t->data()) + from * kRowBytes,
-                                  n * kRowBytes);
-      w->Write(m);
-    }
-    w->WritesDone();
-    grpc::Status s = w->Finish();
-    if (out != nullptr) *out = resp.context();
-    return s;
+    return service_testing::AppendContextRows(stub_.get(), name, k_, v_, from, n, from, out);
   }
 
   // One attend of `nq` query rows (hq query heads) against context `name`; checks the answer
@@ -116,49 +90,20 @@ class ShardedContextTest : public ::testing::Test {
                            std::optional<int64_t> q_offset, const std::string& spec_json) {
     SCOPED_TRACE(absl::StrCat("nq=", nq, " hq=", hq, " offset=", q_offset.value_or(-1), " ",
                               spec_json, " seed=", seed_));
-    v1::AttendHeader h;
-    h.set_request_id("sharded");
-    h.set_dtype(v1::DTYPE_BF16);
-    h.set_batch(1);
-    h.set_tokens(nq);
-    h.set_q_heads(hq);
-    h.set_kv_heads(kHkv);
-    h.set_head_dim(kDim);
+    v1::AttendHeader h = service_testing::Header(v1::DTYPE_BF16, 1, nq, hq, kHkv, kDim, spec_json);
     h.set_return_lse(true);
     h.set_context(name);
     if (q_offset) h.set_q_offset(*q_offset);
-    *h.mutable_spec() = *ParseSpecJsonProto(spec_json);
-    HostTensor q = *HostTensor::Create(DType::kBF16, {1, nq, hq, kDim});
-    FillUniform(q, seed_ + 100 + static_cast<uint64_t>(nq * 7 + hq));
-    grpc::ClientContext ctx;
-    auto stream = stub_->Attend(&ctx);
-    v1::AttendRequest req;
-    *req.mutable_header() = h;
-    ASSERT_TRUE(stream->Write(req));
-    req.Clear();
-    req.mutable_chunk()->set_tensor(v1::TENSOR_Q);
-    req.mutable_chunk()->set_data(reinterpret_cast<const char*>(q.data()), q.nbytes());
-    ASSERT_TRUE(stream->Write(req));
-    stream->WritesDone();
-    // Poisoned: bytes the server never sends stay NaN and fail the comparison.
-    HostTensor o = *HostTensor::Create(DType::kBF16, {1, nq, hq, kDim});
-    HostTensor lse = *HostTensor::Create(DType::kF32, {1, hq, nq});
-    std::memset(o.data(), 0xFF, o.nbytes());
-    std::memset(lse.data(), 0xFF, lse.nbytes());
-    v1::AttendResponse resp;
-    v1::AttendResponseHeader header;
-    while (stream->Read(&resp)) {
-      if (resp.has_header()) {
-        header = resp.header();
-        continue;
-      }
-      HostTensor& dst = resp.chunk().tensor() == v1::TENSOR_O ? o : lse;
-      ASSERT_LE(resp.chunk().offset() + resp.chunk().data().size(), dst.nbytes());
-      std::memcpy(dst.data() + resp.chunk().offset(), resp.chunk().data().data(),
-                  resp.chunk().data().size());
-    }
-    const grpc::Status status = stream->Finish();
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    service_testing::Inputs in;  // Q alone: an attend against a context
+    in.q = *HostTensor::Create(DType::kBF16, {1, nq, hq, kDim});
+    FillUniform(in.q, seed_ + 100 + static_cast<uint64_t>(nq * 7 + hq));
+    // Q alone, in one chunk; O and LSE come back into poisoned buffers.
+    const service_testing::CallResult r =
+        service_testing::Attend(stub_.get(), h, in, static_cast<int64_t>(in.q.nbytes()));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    const std::optional<AttentionOutputs> out = service_testing::OutputsOf(h, r);
+    ASSERT_TRUE(out.has_value());
+    const v1::AttendResponseHeader& header = r.header;
     EXPECT_EQ(header.placement(), v1::PLACEMENT_CONTEXT_PARALLEL);
     EXPECT_EQ(header.devices_size(), 2);
     AttentionSpec spec = *SpecFromProto(h.spec());
@@ -167,9 +112,9 @@ class ShardedContextTest : public ::testing::Test {
     HostTensor v = *HostTensor::Create(DType::kBF16, {1, rows, kHkv, kDim});
     std::memcpy(k.data(), k_.data(), k.nbytes());
     std::memcpy(v.data(), v_.data(), v.nbytes());
-    auto ref = ReferenceAttention(spec, q, k, v);
+    auto ref = ReferenceAttention(spec, in.q, k, v);
     ASSERT_TRUE(ref.ok()) << ref.status();
-    const ErrorStats e = CompareToReference(*ref, o, &lse);
+    const ErrorStats e = CompareToReference(*ref, out->o, &out->lse);
     EXPECT_EQ(e.nonfinite, 0);
     EXPECT_LE(e.o_rel, ReferenceOTolerance(DType::kBF16));
     EXPECT_LE(e.lse_max_abs, kReferenceLseTolerance);
@@ -177,16 +122,7 @@ class ShardedContextTest : public ::testing::Test {
 
   // Sends a header alone (the server refuses it before Q would be needed).
   grpc::Status HeaderOnly(const v1::AttendHeader& h) {
-    grpc::ClientContext ctx;
-    auto stream = stub_->Attend(&ctx);
-    v1::AttendRequest req;
-    *req.mutable_header() = h;
-    stream->Write(req);
-    stream->WritesDone();
-    v1::AttendResponse resp;
-    while (stream->Read(&resp)) {
-    }
-    return stream->Finish();
+    return service_testing::Attend(stub_.get(), h, service_testing::Inputs{}, 1).status;
   }
 
   void ExpectMemoryBackToZero() {
