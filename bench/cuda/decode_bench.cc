@@ -26,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/harness/compare.h"
 #include "bench/harness/flags.h"
 #include "bench/harness/run_record.h"
 #include "core/cuda/attention_ops.h"
@@ -193,15 +194,9 @@ absl::Status Run() {
       std::vector<uint16_t> a(nq * hq * d), b(nq * hq * d);
       CUDA_RETURN_IF_ERROR(cudaMemcpy(a.data(), o1.get(), a.size() * 2, cudaMemcpyDeviceToHost));
       CUDA_RETURN_IF_ERROR(cudaMemcpy(b.data(), o2.get(), b.size() * 2, cudaMemcpyDeviceToHost));
-      double max_ref = 0, max_diff = 0;
-      int64_t nonfinite = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
-        if (!std::isfinite(x)) ++nonfinite;
-        max_ref = std::max(max_ref, std::abs(y));
-        max_diff = std::max(max_diff, std::abs(x - y));
-      }
-      const double rel = max_diff / std::max(max_ref, 1e-30);
+      const bench::Bf16Agreement agree = bench::CompareBf16(a, b);
+      const double rel = agree.max_rel_diff;
+      const int64_t nonfinite = agree.nonfinite;
       const bool ok = nonfinite == 0 && rel <= 2e-2;
       all_ok = all_ok && ok;
       std::printf(

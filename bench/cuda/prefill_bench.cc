@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/harness/compare.h"
 #include "bench/harness/flags.h"
 #include "bench/harness/run_record.h"
 #include "core/cuda/attention_ops.h"
@@ -43,13 +44,6 @@ ABSL_FLAG(std::string, json_out, "", "write the figures here as JSON");
 
 namespace attnserve {
 namespace {
-
-float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -118,22 +112,18 @@ absl::Status Run() {
   std::vector<uint16_t> a(n * hq * d), b(n * hq * d);
   CUDA_RETURN_IF_ERROR(cudaMemcpy(a.data(), o1.get(), a.size() * 2, cudaMemcpyDeviceToHost));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(b.data(), o2.get(), b.size() * 2, cudaMemcpyDeviceToHost));
-  double max_ref = 0, max_diff = 0;
-  int64_t nonfinite = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
-    if (!std::isfinite(y)) ++nonfinite;
-    max_ref = std::max(max_ref, std::abs(x));
-    max_diff = std::max(max_diff, std::abs(x - y));
-  }
+  // The chunked O against the one call's.
+  const bench::Bf16Agreement agree = bench::CompareBf16(b, a);
+  const int64_t nonfinite = agree.nonfinite;
   const double one = Median(one_s), chunked = Median(chunked_s);
-  const double rel = max_diff / std::max(max_ref, 1e-30);
-  std::printf("prefill %lld tokens in chunks of %lld (Hq %lld, Hkv %lld, D %lld, bf16):\n"
-              "  one call %.4f s, chunked %.4f s (kernels %.4f s): ratio %.3f\n"
-              "  chunked O vs one-call O: max |diff| / max |O| = %.3g, non-finite %lld\n",
-              static_cast<long long>(n), static_cast<long long>(c), static_cast<long long>(hq),
-              static_cast<long long>(hkv), static_cast<long long>(d), one, chunked,
-              Median(chunked_kernel_s), chunked / one, rel, static_cast<long long>(nonfinite));
+  const double rel = agree.max_rel_diff;
+  std::printf(
+      "prefill %lld tokens in chunks of %lld (Hq %lld, Hkv %lld, D %lld, bf16):\n"
+      "  one call %.4f s, chunked %.4f s (kernels %.4f s): ratio %.3f\n"
+      "  chunked O vs one-call O: max |diff| / max |O| = %.3g, non-finite %lld\n",
+      static_cast<long long>(n), static_cast<long long>(c), static_cast<long long>(hq),
+      static_cast<long long>(hkv), static_cast<long long>(d), one, chunked,
+      Median(chunked_kernel_s), chunked / one, rel, static_cast<long long>(nonfinite));
   if (!absl::GetFlag(FLAGS_json_out).empty()) {
     Json j = Json::Object();
     j.Set("command", bench::BenchCommandLine())
