@@ -24,20 +24,13 @@ namespace {
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
 using ::attnserve::testing::QkvInputs;
+using ::attnserve::testing::SpecAt;
 
 struct Case {
   std::string name;
   AttentionSpec spec;
   AttentionShape shape;  // batch, Nq, Hq, Hkv, D, Nkv
 };
-
-AttentionSpec Spec(AttentionPattern pattern, bool causal, int64_t q_offset) {
-  AttentionSpec s;
-  s.pattern = std::move(pattern);
-  s.causal = causal;
-  s.q_offset = q_offset;
-  return s;
-}
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
@@ -61,39 +54,42 @@ std::vector<Case> Cases() {
         const AttentionShape shape{s.batch, s.nq, s.hq, s.hkv, s.d, s.nkv};
         const std::string base = absl::StrCat(pattern_names[p], causal ? "_causal_" : "_", s.name);
         // bottom-right aligned (decode), and queries in the middle of the keys
-        cases.push_back({base + "_end", Spec(patterns[p], causal, s.nkv - s.nq), shape});
+        cases.push_back({base + "_end", SpecAt(patterns[p], causal, s.nkv - s.nq), shape});
         if (s.nkv > 2 * s.nq) {
-          cases.push_back({base + "_mid", Spec(patterns[p], causal, s.nkv / 2), shape});
+          cases.push_back({base + "_mid", SpecAt(patterns[p], causal, s.nkv / 2), shape});
         }
       }
     }
   }
   // Queries right after the keys' end (q_offset = Nkv): with a window of 2 the last two rows admit
   // nothing (O = 0, LSE = -inf written by the decode kernel, no fill before it).
-  cases.push_back({"window_past_end", Spec(WindowSpec{2}, false, 995), {1, 4, 4, 2, 64, 995}});
+  cases.push_back({"window_past_end", SpecAt(WindowSpec{2}, false, 995), {1, 4, 4, 2, 64, 995}});
   // A window no query reaches at all: nothing to launch, the fill alone.
-  cases.push_back({"window_nothing", Spec(WindowSpec{0}, false, 995), {1, 3, 4, 2, 64, 995}});
+  cases.push_back({"window_nothing", SpecAt(WindowSpec{0}, false, 995), {1, 3, 4, 2, 64, 995}});
   // Key shards (a context split over devices: keys at positions [k_offset, k_offset + Nkv) of a
   // sequence of kv_total): decode at the sequence's end, a window reaching into the shard from
   // queries before it, and (not decode pieces: the rect CSR and implicit dense paths) a window
   // chunk and a causal chunk whose first 100 rows come before the shard's first key.
   const auto shard = [](AttentionPattern pattern, bool causal, int64_t q_offset) {
-    AttentionSpec s = Spec(std::move(pattern), causal, q_offset);
+    AttentionSpec s = SpecAt(std::move(pattern), causal, q_offset);
     s.k_offset = 2000;
     s.kv_total = 6000;
     return s;
   };
-  cases.push_back({"shard_decode_dense_causal", shard(DenseSpec{}, true, 5996),
-                   {1, 4, 8, 2, 128, 3000}});
-  cases.push_back({"shard_decode_window_before", shard(WindowSpec{500}, false, 1800),
+  cases.push_back(
+      {"shard_decode_dense_causal", shard(DenseSpec{}, true, 5996), {1, 4, 8, 2, 128, 3000}});
+  cases.push_back({"shard_decode_window_before",
+                   shard(WindowSpec{500}, false, 1800),
                    {1, 16, 8, 2, 128, 3000}});
-  cases.push_back({"shard_chunk_window_before", shard(WindowSpec{300}, false, 1800),
+  cases.push_back({"shard_chunk_window_before",
+                   shard(WindowSpec{300}, false, 1800),
                    {1, 300, 4, 2, 128, 3000}});
-  cases.push_back({"shard_chunk_dense_causal_before", shard(DenseSpec{}, true, 1900),
+  cases.push_back({"shard_chunk_dense_causal_before",
+                   shard(DenseSpec{}, true, 1900),
                    {1, 300, 4, 2, 64, 3000}});
   // Packed: a decode sequence (1 query row) next to longer ones, causal dense (an f32
   // accumulator for the non-decode spans) and window.
-  AttentionSpec packed = Spec(DenseSpec{}, true, 0);
+  AttentionSpec packed = SpecAt(DenseSpec{}, true, 0);
   packed.cu_seqlens_q = {0, 300, 301, 305};
   packed.cu_seqlens_k = {0, 300, 2300, 3000};
   cases.push_back({"packed_dense_causal", packed, {1, 305, 8, 2, 128, 3000}});
@@ -150,7 +146,8 @@ TEST(FlashDecodeTest, AgreesWithThePrefillKernels) {
   auto flash = MakeCudaDevices({0}, prefill);
   ASSERT_TRUE(split.ok() && flash.ok());
   // A long context: 70,000 keys, decode of 4 tokens, GQA 32/8 (the serving shape, smaller).
-  const Case c{"dense_causal_long", Spec(DenseSpec{}, true, 70000 - 4), {1, 4, 32, 8, 128, 70000}};
+  const Case c{
+      "dense_causal_long", SpecAt(DenseSpec{}, true, 70000 - 4), {1, 4, 32, 8, 128, 70000}};
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   HostTensor a, b;

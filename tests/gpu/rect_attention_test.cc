@@ -20,20 +20,13 @@ namespace {
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
 using ::attnserve::testing::QkvInputs;
+using ::attnserve::testing::SpecAt;
 
 struct Case {
   std::string name;
   AttentionSpec spec;
   AttentionShape shape;
 };
-
-AttentionSpec Spec(AttentionPattern pattern, bool causal, int64_t q_offset) {
-  AttentionSpec s;
-  s.pattern = std::move(pattern);
-  s.causal = causal;
-  s.q_offset = q_offset;
-  return s;
-}
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
@@ -45,15 +38,19 @@ std::vector<Case> Cases() {
     for (bool causal : {false, true}) {
       const std::string base = absl::StrCat(names[p], causal ? "_causal" : "");
       // decode: 1 and 16 rows at the end of 2,000 keys (GQA 8/2)
-      cases.push_back({base + "_decode1", Spec(patterns[p], causal, 1999), {1, 1, 8, 2, 128, 2000}});
-      cases.push_back({base + "_decode16", Spec(patterns[p], causal, 1984), {2, 16, 8, 2, 64, 2000}});
+      cases.push_back(
+          {base + "_decode1", SpecAt(patterns[p], causal, 1999), {1, 1, 8, 2, 128, 2000}});
+      cases.push_back(
+          {base + "_decode16", SpecAt(patterns[p], causal, 1984), {2, 16, 8, 2, 64, 2000}});
       // a chunk of prefill starting inside a block, and queries past the keys' end
-      cases.push_back({base + "_chunk", Spec(patterns[p], causal, 700), {1, 500, 4, 4, 128, 1200}});
-      cases.push_back({base + "_more_q", Spec(patterns[p], causal, 100), {1, 900, 4, 2, 64, 600}});
+      cases.push_back(
+          {base + "_chunk", SpecAt(patterns[p], causal, 700), {1, 500, 4, 4, 128, 1200}});
+      cases.push_back(
+          {base + "_more_q", SpecAt(patterns[p], causal, 100), {1, 900, 4, 2, 64, 600}});
     }
   }
   // packed: three sequences of different lengths, one decode-like
-  AttentionSpec packed = Spec(DenseSpec{}, true, 0);
+  AttentionSpec packed = SpecAt(DenseSpec{}, true, 0);
   packed.cu_seqlens_q = {0, 300, 301, 700};
   packed.cu_seqlens_k = {0, 300, 1300, 1700};
   cases.push_back({"packed_dense_causal", packed, {1, 700, 4, 2, 128, 1700}});

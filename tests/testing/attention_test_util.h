@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/engine/types.h"
 #include "core/reference/reference.h"
@@ -49,6 +50,12 @@ std::string ShapeString(const AttentionShape& shape, DType dtype);
 
 // Spec builders, so tests state a case in one line.
 AttentionSpec SpecOf(AttentionPattern pattern, bool causal = false);
+// The same with the queries at q_offset among the keys (requests that are not square).
+inline AttentionSpec SpecAt(AttentionPattern pattern, bool causal, int64_t q_offset) {
+  AttentionSpec s = SpecOf(std::move(pattern), causal);
+  s.q_offset = q_offset;
+  return s;
+}
 inline AttentionSpec DenseCase(bool causal) { return SpecOf(DenseSpec{}, causal); }
 inline AttentionSpec WindowCase(int64_t w, bool causal) { return SpecOf(WindowSpec{w}, causal); }
 // Block-sparse with `generator` at `block` (64 or 128).
