@@ -26,12 +26,8 @@ timeout -k 5 240 "$NEW/bin/attnbench_prefill" --tokens 1048576 --chunk 65536 --q
   > "$OUT/prefill_kernel.log" 2>&1
 say "attnbench_prefill rc=$?: $(tr '\n' ' ' < "$OUT/prefill_kernel.log" | cut -c1-400)"
 
-rm -f "$OUT/port"
-"$NEW/bin/attnserve" --listen 127.0.0.1:0 --port-file "$OUT/port" --metrics-listen "" \
-  --max-request-bytes 17179869184 ${SERVE_ARGS:-} > "$OUT/attnserve.log" 2>&1 &
-PID=$!
-for _ in $(seq 300); do [ -s "$OUT/port" ] && break; sleep 0.1; done
-ADDR=127.0.0.1:$(cat "$OUT/port")
+source "$(dirname "$0")/start_server.sh"
+start_server "$NEW/bin" "$OUT"
 for n in 131072 1048576; do
   timeout -k 5 200 "$NEW/bin/attnbench_context" --server "$ADDR" --mode decode \
     --context-tokens $n --append-rows 65536 --q-heads 32 --kv-heads 8 --head-dim 128 \
@@ -48,5 +44,5 @@ for rep in 1 2; do
     > "$OUT/one_call_$rep.log" 2>&1
   say "one dense causal call of 1M rows (rep $rep) rc=$?: $(grep -iE 'total|end to end|kernel' "$OUT/one_call_$rep.log" | tr '\n' ' ' | cut -c1-300)"
 done
-kill $PID; wait $PID 2>/dev/null
+stop_server
 cat "$SUMMARY"

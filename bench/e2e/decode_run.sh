@@ -28,12 +28,8 @@ PYTHONUNBUFFERED=1 timeout -k 5 400 python3 "$HERE/bench/decode_compare.py" \
 say "decode_compare rc=$?:"; cat "$OUT/decode_compare.md" >> "$SUMMARY" 2>/dev/null
 tail -n 30 "$OUT/decode_compare.log"
 
-rm -f "$OUT/port"
-"$NEW/bin/attnserve" --listen 127.0.0.1:0 --port-file "$OUT/port" --metrics-listen "" \
-  --max-request-bytes 17179869184 ${SERVE_ARGS:-} > "$OUT/attnserve.log" 2>&1 &
-PID=$!
-for _ in $(seq 300); do [ -s "$OUT/port" ] && break; sleep 0.1; done
-ADDR=127.0.0.1:$(cat "$OUT/port")
+source "$(dirname "$0")/start_server.sh"
+start_server "$NEW/bin" "$OUT"
 for n in 131072 1048576; do
   timeout -k 5 200 "$NEW/bin/attnbench_context" --server "$ADDR" --mode decode \
     --context-tokens $n --append-rows 65536 $SHAPE --q-lens 1,4,16 --steps ${STEPS:-30} \
@@ -41,5 +37,5 @@ for n in 131072 1048576; do
   say "decode through the service, $n rows, rc=$?:"
   sed 's/^/    /' "$OUT/decode_service_$n.log" | tee -a "$SUMMARY"
 done
-kill $PID; wait $PID 2>/dev/null
+stop_server
 cat "$SUMMARY"

@@ -21,13 +21,9 @@ SPEC=${SPEC:-'{"window": {"size": 64}}'}
 DTYPE=${DTYPE:-bf16}
 REPEAT=${REPEAT:-3}
 mkdir -p "$OUT"
-rm -f "$OUT/port"
-"$BIN/attnserve" --listen 127.0.0.1:0 --port-file "$OUT/port" --metrics-listen "" \
-  --max-request-bytes 17179869184 ${SERVE_ARGS:-} > "$OUT/attnserve.log" 2>&1 &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null' EXIT
-for _ in $(seq 300); do [ -s "$OUT/port" ] && break; sleep 0.1; done
-ADDR=127.0.0.1:$(cat "$OUT/port")
+source "$HERE/bench/e2e/start_server.sh"
+start_server "$BIN" "$OUT"
+trap stop_server EXIT
 
 # attnctl: one warm-up and REPEAT timed runs per transport; "total X s" is its end to end.
 for t in grpc shm; do
