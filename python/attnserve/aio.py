@@ -23,7 +23,7 @@ import grpc.aio
 from . import _common, wire
 from ._plan import AttendResult
 from ._proto import pb
-from .client import _UNARY
+from .client import _UNARY, _open_channel, _unary_callables
 from .client import Client as SyncClient
 from .errors import from_rpc_error
 from .spec import SpecLike
@@ -31,24 +31,8 @@ from .spec import SpecLike
 
 class _Channel:
     def __init__(self, address: str, creds, options):
-        if creds is None:
-            self.channel = grpc.aio.insecure_channel(address, options=options)
-        else:
-            self.channel = grpc.aio.secure_channel(address, creds, options=options)
-        c = self.channel
-        self.health = c.unary_unary(
-            _common.HEALTH_CHECK,
-            request_serializer=_common.encode_health,
-            response_deserializer=_common.decode_health,
-        )
-        self.unary = {
-            name: c.unary_unary(
-                _common.SERVICE + name,
-                request_serializer=req.SerializeToString,
-                response_deserializer=resp.FromString,
-            )
-            for name, (req, resp, _) in _UNARY.items()
-        }
+        self.channel = _open_channel(grpc.aio, address, creds, options)
+        self.health, self.unary = _unary_callables(self.channel)
 
 
 class _CallHolder:

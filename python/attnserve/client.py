@@ -42,10 +42,7 @@ class _Channel:
     """One grpc channel and its method callables."""
 
     def __init__(self, address: str, creds, options):
-        if creds is None:
-            self.channel = grpc.insecure_channel(address, options=options)
-        else:
-            self.channel = grpc.secure_channel(address, creds, options=options)
+        self.channel = _open_channel(grpc, address, creds, options)
         c = self.channel
         self.attend = c.stream_stream(
             _common.SERVICE + "Attend",
@@ -57,19 +54,32 @@ class _Channel:
             request_serializer=wire.serialize,
             response_deserializer=pb.AppendContextResponse.FromString,
         )
-        self.health = c.unary_unary(
-            _common.HEALTH_CHECK,
-            request_serializer=_common.encode_health,
-            response_deserializer=_common.decode_health,
+        self.health, self.unary = _unary_callables(c)
+
+
+def _open_channel(grpc_module, address: str, creds, options):
+    """A channel of `grpc_module` (grpc or grpc.aio): plaintext when creds is None."""
+    if creds is None:
+        return grpc_module.insecure_channel(address, options=options)
+    return grpc_module.secure_channel(address, creds, options=options)
+
+
+def _unary_callables(channel) -> tuple:
+    """The health check and the unary methods of _UNARY on a grpc or grpc.aio channel."""
+    health = channel.unary_unary(
+        _common.HEALTH_CHECK,
+        request_serializer=_common.encode_health,
+        response_deserializer=_common.decode_health,
+    )
+    unary = {
+        name: channel.unary_unary(
+            _common.SERVICE + name,
+            request_serializer=req.SerializeToString,
+            response_deserializer=resp.FromString,
         )
-        self.unary = {
-            name: c.unary_unary(
-                _common.SERVICE + name,
-                request_serializer=req.SerializeToString,
-                response_deserializer=resp.FromString,
-            )
-            for name, (req, resp, _) in _UNARY.items()
-        }
+        for name, (req, resp, _) in _UNARY.items()
+    }
+    return health, unary
 
 
 class Client:
