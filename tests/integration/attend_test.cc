@@ -94,35 +94,9 @@ std::string CaseName(const ::testing::TestParamInfo<AttendCase>& info) {
                       c.gqa ? "_gqa" : "");
 }
 
-class AttendTest : public ::testing::TestWithParam<AttendCase> {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> s = ServerProcess::Start();
-    if (!s.ok()) {
-      start_error_ = new std::string(s.status().ToString());
-      return;
-    }
-    server_ = s->release();
-  }
-  static void TearDownTestSuite() {
-    if (server_ != nullptr) {
-      EXPECT_TRUE(server_->Stop().ok()) << "attnserve did not stop cleanly:\n" << server_->Log();
-      delete server_;
-      server_ = nullptr;
-    }
-    delete start_error_;
-    start_error_ = nullptr;
-  }
-
-  static ServerProcess* server_;
-  static std::string* start_error_;
-};
-
-ServerProcess* AttendTest::server_ = nullptr;
-std::string* AttendTest::start_error_ = nullptr;
+class AttendTest : public SharedServerTest<::testing::TestWithParam<AttendCase>> {};
 
 TEST_P(AttendTest, MatchesReference) {
-  ASSERT_NE(server_, nullptr) << *start_error_;
   const AttendCase& c = GetParam();
   std::string json = c.spec.json == "$CSR" ? CsrJson(c.spec.tokens) : c.spec.json;
   v1::AttentionSpec spec = SpecFromJson(json);

@@ -26,24 +26,11 @@ namespace {
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-class AttnctlBenchTest : public ::testing::Test {
+class AttnctlBenchTest : public SharedServerTest<> {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> s = ServerProcess::Start();
-    if (!s.ok()) {
-      start_error_ = new std::string(s.status().ToString());
-      return;
-    }
-    server_ = s->release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-    delete start_error_;
-    start_error_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(server_, nullptr) << *start_error_;
+    SharedServerTest::SetUp();
+    if (HasFatalFailure()) return;
     absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("attnctl_bench_");
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_ = *std::move(dir);
@@ -52,25 +39,11 @@ class AttnctlBenchTest : public ::testing::Test {
   // attnctl bench <args...> against the server, bounded.
   static CommandResult Bench(std::vector<std::string> args) {
     args.insert(args.begin(), {"bench", "--server=" + server_->target()});
-    std::string line = "attnctl";
-    for (const std::string& a : args) absl::StrAppend(&line, " ", a);
-    std::printf("$ %s\n", line.c_str());
-    absl::StatusOr<CommandResult> r = RunCommand(ATTNCTL_BINARY, args, absl::Seconds(30));
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      return {};
-    }
-    std::printf("%s(exit %d)\n", r->output.c_str(), r->exit_code);
-    return *r;
+    return RunLogged("attnctl", ATTNCTL_BINARY, args, absl::Seconds(30));
   }
 
-  static ServerProcess* server_;
-  static std::string* start_error_;
   std::unique_ptr<TempDir> dir_;
 };
-
-ServerProcess* AttnctlBenchTest::server_ = nullptr;
-std::string* AttnctlBenchTest::start_error_ = nullptr;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);

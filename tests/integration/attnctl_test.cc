@@ -25,46 +25,15 @@
 namespace attnserve::testing {
 namespace {
 
-class AttnctlTest : public ::testing::Test {
+class AttnctlTest : public SharedServerTest<> {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> s = ServerProcess::Start();
-    if (!s.ok()) {
-      start_error_ = new std::string(s.status().ToString());
-      return;
-    }
-    server_ = s->release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-    delete start_error_;
-    start_error_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(server_, nullptr) << *start_error_; }
-
   // attnctl <args...>, bounded.
   static CommandResult Attnctl(std::vector<std::string> args) {
-    std::string line = "attnctl";
-    for (const std::string& a : args) absl::StrAppend(&line, " ", a);
-    std::printf("$ %s\n", line.c_str());
-    absl::StatusOr<CommandResult> r = RunCommand(ATTNCTL_BINARY, args, absl::Seconds(120));
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      return {};
-    }
-    std::printf("%s(exit %d)\n", r->output.c_str(), r->exit_code);
-    return *r;
+    return RunLogged("attnctl", ATTNCTL_BINARY, args, absl::Seconds(120));
   }
 
   static std::string Server() { return "--server=" + server_->target(); }
-
-  static ServerProcess* server_;
-  static std::string* start_error_;
 };
-
-ServerProcess* AttnctlTest::server_ = nullptr;
-std::string* AttnctlTest::start_error_ = nullptr;
 
 bool Contains(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
@@ -105,9 +74,9 @@ TEST_F(AttnctlTest, RunRandomWithCheck) {
 // gone afterwards. --cuda-ipc in a CPU build says so (exit 1).
 TEST_F(AttnctlTest, RunAndBenchThroughSharedMemory) {
   const uint64_t seed = FreshSeed();
-  CommandResult r = Attnctl({"run", Server(), "--random=1,260,4,2,64", "--dtype=f32",
-                             absl::StrCat("--seed=", seed), "--causal", "--check",
-                             "--tolerance=1e-5", "--shm"});
+  CommandResult r =
+      Attnctl({"run", Server(), "--random=1,260,4,2,64", "--dtype=f32",
+               absl::StrCat("--seed=", seed), "--causal", "--check", "--tolerance=1e-5", "--shm"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(Contains(r.output, "regions    shm /")) << r.output;
   EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;

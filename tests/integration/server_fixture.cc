@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -162,6 +163,20 @@ std::string ChildProcess::Log(size_t max_bytes) const {
   std::string log = ReadFile(log_path_);
   if (log.size() > max_bytes) log = "..." + log.substr(log.size() - max_bytes);
   return log;
+}
+
+CommandResult RunLogged(const std::string& name, const std::string& binary,
+                        const std::vector<std::string>& args, absl::Duration timeout) {
+  std::string line = name;
+  for (const std::string& a : args) absl::StrAppend(&line, " ", a);
+  std::printf("$ %s\n", line.c_str());
+  absl::StatusOr<CommandResult> r = RunCommand(binary, args, timeout);
+  if (!r.ok()) {
+    ADD_FAILURE() << r.status();
+    return {};
+  }
+  std::printf("%s(exit %d)\n", r->output.c_str(), r->exit_code);
+  return *r;
 }
 
 absl::StatusOr<CommandResult> RunCommand(const std::string& binary,

@@ -19,6 +19,7 @@
 #include "client/attn_client.h"
 #include "core/reference/reference.h"
 #include "core/tensor/tensor.h"
+#include "gtest/gtest.h"
 
 namespace attnserve::testing {
 
@@ -123,6 +124,41 @@ struct CommandResult {
 absl::StatusOr<CommandResult> RunCommand(const std::string& binary,
                                          const std::vector<std::string>& args,
                                          absl::Duration timeout = absl::Seconds(120));
+
+// RunCommand with the command line ("$ NAME args...") and the output printed to the test log; a
+// command that could not run or did not finish in `timeout` is a test failure (and an empty
+// result with exit code -1).
+CommandResult RunLogged(const std::string& name, const std::string& binary,
+                        const std::vector<std::string>& args, absl::Duration timeout);
+
+// A test suite sharing one attnserve process (default options), started once for the suite (Base:
+// ::testing::Test, or ::testing::TestWithParam<T> for a parameterized suite). When it did not
+// start, every test fails with the reason; after the suite it must stop cleanly.
+template <typename Base = ::testing::Test>
+class SharedServerTest : public Base {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> s = ServerProcess::Start();
+    if (!s.ok()) {
+      start_error_ = new std::string(s.status().ToString());
+      return;
+    }
+    server_ = s->release();
+  }
+  static void TearDownTestSuite() {
+    if (server_ != nullptr) {
+      EXPECT_TRUE(server_->Stop().ok()) << "attnserve did not stop cleanly:\n" << server_->Log();
+      delete server_;
+      server_ = nullptr;
+    }
+    delete start_error_;
+    start_error_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(server_, nullptr) << *start_error_; }
+
+  inline static ServerProcess* server_ = nullptr;
+  inline static std::string* start_error_ = nullptr;
+};
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
 absl::StatusOr<int> PickFreePort();
