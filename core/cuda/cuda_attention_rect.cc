@@ -109,10 +109,7 @@ absl::Status RunDecodePiece(const CudaAttentionPlan::Rect::Piece& p, const Atten
   DeviceBuffer partial;
   if (const int64_t bytes = FlashDecodeWorkspaceBytes(params); bytes > 0) {
     ATTN_ASSIGN_OR_RETURN(partial, DeviceBuffer::Create(alloc, static_cast<size_t>(bytes)));
-    // [o_partial (slots x D) | lse_partial (slots)]
-    const int64_t slots = bytes / (int64_t{params.head_dim} * 4 + 4);
-    params.o_partial = partial.as<float>();
-    params.lse_partial = params.o_partial + slots * params.head_dim;
+    SetFlashDecodeWorkspace(&params, partial.get());
   }
   // The workspace goes back to the allocator stream-ordered, after the launches.
   return RunFlashDecode(params, stream);

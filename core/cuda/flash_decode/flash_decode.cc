@@ -49,6 +49,11 @@ cudaError_t CtasPerSm(const FlashDecodeParams& p, int* ctas) {
               : FlashDecodeCtasPerSm<128, __half>(rows, ctas);
 }
 
+// (split, batch, KV head, packed row) slots of the partial results.
+int64_t PartialSlots(const FlashDecodeParams& p) {
+  return int64_t{p.num_splits} * p.batch * p.kv_heads * p.q_len * p.kv_group;
+}
+
 }  // namespace
 
 bool FlashDecodeSupports(int64_t head_dim, DType dtype, int64_t q_len, int64_t kv_group) {
@@ -166,8 +171,13 @@ absl::Status PlanFlashDecodeSplits(FlashDecodeParams* p, int forced_splits) {
 
 int64_t FlashDecodeWorkspaceBytes(const FlashDecodeParams& p) {
   if (p.num_splits <= 1) return 0;
-  const int64_t slots = int64_t{p.num_splits} * p.batch * p.kv_heads * p.q_len * p.kv_group;
-  return slots * (int64_t{p.head_dim} * 4 + 4);
+  return PartialSlots(p) * (int64_t{p.head_dim} * 4 + 4);
+}
+
+void SetFlashDecodeWorkspace(FlashDecodeParams* p, void* workspace) {
+  // [o_partial: slots x head_dim | lse_partial: slots], float32.
+  p->o_partial = static_cast<float*>(workspace);
+  p->lse_partial = p->o_partial + PartialSlots(*p) * p->head_dim;
 }
 
 int64_t FlashDecodeWorkspaceBound(int64_t head_dim) {

@@ -51,6 +51,9 @@ absl::Status PlanFlashDecodeSplits(FlashDecodeParams* params, int forced_splits 
 
 // Bytes of o_partial plus lse_partial for params' splits (0 with one split).
 int64_t FlashDecodeWorkspaceBytes(const FlashDecodeParams& params);
+// Points o_partial and lse_partial into `workspace` (device memory of FlashDecodeWorkspaceBytes
+// bytes, 4-byte aligned).
+void SetFlashDecodeWorkspace(FlashDecodeParams* params, void* workspace);
 // An upper bound of FlashDecodeWorkspaceBytes for any device (admission estimates).
 int64_t FlashDecodeWorkspaceBound(int64_t head_dim);
 
