@@ -1,5 +1,7 @@
 // attnserve: the attention service. See server/README.md for the flags and their behaviour.
+#include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -62,6 +64,23 @@ ABSL_FLAG(int64_t, chunk_bytes, (int64_t{4} << 20) - (int64_t{64} << 10),
           "default response chunk size in bytes (4 MiB - 64 KiB: fits gRPC's default 4 MiB "
           "client receive limit with the message framing)");
 ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{64} << 20, "largest accepted request chunk in bytes");
+// Limits against clients that hold streams open or memory up (server/README.md "Limits and
+// timeouts").
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(60),
+          "end an Attend/AppendContext stream that sends nothing for this long while uploading "
+          "(or owes its half-close) with DEADLINE_EXCEEDED (0: never)");
+ABSL_FLAG(int64_t, min_upload_rate, 16384,
+          "after --min-upload-grace, end an upload whose average rate since the call started is "
+          "below this many bytes/s with DEADLINE_EXCEEDED (0: off)");
+ABSL_FLAG(absl::Duration, min_upload_grace, absl::Seconds(30),
+          "how long an upload may run before --min-upload-rate applies");
+ABSL_FLAG(int64_t, max_upload_bytes, 0,
+          "request-buffer bytes (Q/K/V, staged context rows) all calls in progress may hold "
+          "together; a header that does not fit gets RESOURCE_EXHAUSTED (0: half of the host's "
+          "memory)");
+ABSL_FLAG(int64_t, max_spec_entries, int64_t{1} << 22,
+          "entries an Attend header's spec lists and cu_seqlens may hold together (CSR row_ptr + "
+          "col_idx, ...); more get RESOURCE_EXHAUSTED before the spec is converted");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in progress may take to finish");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|critical|off");
@@ -223,6 +242,20 @@ int Main() {
   service_options.contexts.memory_budget_bytes = absl::GetFlag(FLAGS_context_memory_bytes);
   service_options.contexts.default_ttl = absl::GetFlag(FLAGS_context_ttl);
   service_options.contexts.max_contexts = absl::GetFlag(FLAGS_max_contexts);
+  service_options.streams.idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  service_options.streams.min_upload_rate = absl::GetFlag(FLAGS_min_upload_rate);
+  service_options.streams.min_upload_grace = absl::GetFlag(FLAGS_min_upload_grace);
+  service_options.limits.max_spec_entries = absl::GetFlag(FLAGS_max_spec_entries);
+  service_options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
+  if (service_options.max_upload_bytes == 0) {
+    service_options.max_upload_bytes =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
+  }
+  // A fixed mmap threshold: glibc's default slides up to the largest block freed so far (32 MiB
+  // at most), after which gRPC's and protobuf's multi-MiB message buffers come from malloc's
+  // arenas and stay resident once freed. Fixed at 1 MiB they are mappings of their own, unmapped
+  // on free (docs/DESIGN.md "Hostile streams and memory").
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());

@@ -53,7 +53,77 @@ int TensorIndex(v1::TensorKind kind) {
 
 constexpr absl::string_view kTensorNames[3] = {"q", "k", "v"};
 
+// The bound of one repeated header field: INVALID_ARGUMENT past what the shape allows,
+// RESOURCE_EXHAUSTED past --max-spec-entries.
+absl::Status CheckEntries(absl::string_view field, int64_t count, int64_t shape_bound,
+                          absl::string_view rule, int64_t max_entries) {
+  if (count > shape_bound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", count, " entries, more than ", rule, " (", shape_bound, ")"));
+  }
+  if (count > max_entries) {
+    return absl::ResourceExhaustedError(absl::StrCat(field, ": ", count,
+                                                     " entries, above the limit "
+                                                     "--max-spec-entries=",
+                                                     max_entries));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CheckHeaderSizes(const v1::AttendHeader& header, int64_t kv_len,
+                              int64_t max_entries) {
+  // The positions the pattern spans (an upper bound of core/spec PatternExtent, which packed
+  // sequences only shrink): every per-position or per-block list is bounded by it.
+  const int64_t q_offset = header.has_q_offset() ? std::max<int64_t>(0, header.q_offset()) : 0;
+  const int64_t extent = std::max(SatAdd(q_offset, header.tokens()), kv_len);
+  const v1::AttentionSpec& spec = header.spec();
+  int64_t total = 0;
+  const auto count = [&](absl::string_view field, int64_t n, int64_t bound,
+                         absl::string_view rule) {
+    total = SatAdd(total, n);
+    return CheckEntries(field, n, bound, rule, max_entries);
+  };
+  ATTN_RETURN_IF_ERROR(count("header.cu_seqlens_q", header.cu_seqlens_q_size(),
+                             std::min(SatAdd(header.tokens(), 1), kMaxPackedSequences + 1),
+                             "tokens + 1 and the packed sequence limit + 1"));
+  ATTN_RETURN_IF_ERROR(count("header.cu_seqlens_k", header.cu_seqlens_k_size(),
+                             std::min(SatAdd(kv_len, 1), kMaxPackedSequences + 1),
+                             "kv tokens + 1 and the packed sequence limit + 1"));
+  if (spec.has_dilated()) {
+    ATTN_RETURN_IF_ERROR(count("spec.dilated.segment_lengths", spec.dilated().segment_lengths_size(),
+                               extent, "one per position"));
+    ATTN_RETURN_IF_ERROR(count("spec.dilated.dilation_rates", spec.dilated().dilation_rates_size(),
+                               extent, "one per position"));
+  }
+  if (spec.has_block_sparse()) {
+    const v1::BlockSparse& bs = spec.block_sparse();
+    // An unsupported block size is ValidateSpec's to report; the smallest one bounds the blocks.
+    const int32_t block = std::find(std::begin(kSupportedBlockSizes),
+                                    std::end(kSupportedBlockSizes),
+                                    bs.block_size()) != std::end(kSupportedBlockSizes)
+                              ? bs.block_size()
+                              : kSupportedBlockSizes[0];
+    const int64_t nb = extent <= 0 ? 1 : 1 + (extent - 1) / block;
+    if (bs.has_dilated_sparse()) {
+      ATTN_RETURN_IF_ERROR(count("spec.block_sparse.dilated_sparse.rates",
+                                 bs.dilated_sparse().rates_size(), nb, "one per key block"));
+    }
+    if (bs.has_csr()) {
+      ATTN_RETURN_IF_ERROR(count("spec.block_sparse.csr.row_ptr", bs.csr().row_ptr_size(),
+                                 SatAdd(nb, 1), "num_blocks + 1"));
+      ATTN_RETURN_IF_ERROR(count("spec.block_sparse.csr.col_idx", bs.csr().col_idx_size(),
+                                 SatMul(nb, nb), "one per (query block, key block) pair"));
+    }
+  }
+  if (total > max_entries) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("header: the spec's lists and cu_seqlens hold ", total,
+                     " entries together, above the limit --max-spec-entries=", max_entries));
+  }
+  return absl::OkStatus();
+}
 
 bool ByteRangeSet::Insert(int64_t start, int64_t end, std::pair<int64_t, int64_t>* overlap) {
   if (start >= end) return true;
@@ -153,6 +223,9 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   AttentionShape shape = ShapeFromHeader(header);
   if (kv_len != shape.tokens) shape.kv_tokens = kv_len;
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
+  // Before the spec's lists are copied out of the proto (a CSR of 10^7 entries would otherwise
+  // be held several times over by a call that is refused anyway).
+  ATTN_RETURN_IF_ERROR(CheckHeaderSizes(header, kv_len, options_.max_spec_entries));
   ATTN_ASSIGN_OR_RETURN(AttentionSpec spec, SpecFromProto(header.spec()));
   // A context attend aligns the last query with the context's last row unless told otherwise.
   spec.q_offset = header.has_q_offset() ? header.q_offset()
@@ -163,6 +236,16 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
   ATTN_RETURN_IF_ERROR(CheckShardedAttend(header, spec));
 
+  // The buffers this request allocates (tensors not read from a context or a region), reserved
+  // against the server-wide cap before any of them exists.
+  UploadBudget::Reservation reservation;
+  if (options_.upload_budget != nullptr) {
+    const int64_t allocated = SatAdd(header.has_q_region() ? 0 : q_bytes,
+                                     SatAdd(context_ || header.has_k_region() ? 0 : kv_bytes,
+                                            context_ || header.has_v_region() ? 0 : kv_bytes));
+    ATTN_RETURN_IF_ERROR(options_.upload_budget->Reserve(allocated, "header: q, k and v",
+                                                         &reservation));
+  }
   std::array<HostTensor, 3> tensors;
   std::array<bool, 3> from_region{};
   if (context_) {
@@ -174,6 +257,10 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
 
   has_header_ = true;
   header_ = header;
+  // spec_ holds the spec: the proto's copy of its lists (a CSR may be large) is not kept twice.
+  header_.clear_spec();
+  header_.clear_cu_seqlens_q();
+  header_.clear_cu_seqlens_k();
   spec_ = std::move(spec);
   shape_ = shape;
   dtype_ = dtype;
@@ -183,12 +270,18 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   tensor_bytes_ = {q_bytes, kv_bytes, kv_bytes};
   total_bytes_ = total;
   from_region_ = from_region;
+  reservation_ = std::move(reservation);
   for (int i = 0; i < 3; ++i) {
     if (!from_region_[i]) continue;
     received_[i].Insert(0, tensor_bytes_[i], nullptr);
     received_bytes_ += tensor_bytes_[i];
   }
   return absl::OkStatus();
+}
+
+void RequestAssembler::ReleaseBuffers() {
+  for (HostTensor& t : tensors_) t = HostTensor();
+  reservation_.Release();
 }
 
 absl::Status RequestAssembler::ResolveTensors(const v1::AttendHeader& header,
