@@ -98,6 +98,8 @@ AttentionServiceImpl::AttentionServiceImpl(const ServiceOptions& options, Device
   metrics_->SetRegionSource([registry] { return registry->Totals(); });
   ContextStore* store = contexts_.get();
   metrics_->SetContextSource([store] { return store->Totals(); });
+  MemoryTracker* requests = &request_memory_;
+  metrics_->SetRequestBufferSource([requests] { return requests->in_use_bytes(); });
   upload_budget_ = std::make_unique<UploadBudget>(options.max_upload_bytes, "--max-upload-bytes");
   watchdog_ = std::make_unique<StreamWatchdog>(StreamWatchdog::PeriodFor(options.streams),
                                                [this] { TrimIfIdle(); });
@@ -116,6 +118,7 @@ void AttentionServiceImpl::TrimIfIdle() {
 AttentionServiceImpl::~AttentionServiceImpl() {
   metrics_->SetRegionSource(nullptr);
   metrics_->SetContextSource(nullptr);
+  metrics_->SetRequestBufferSource(nullptr);
   contexts_->DeleteAll();
   regions_->ReleaseAll();
 }
