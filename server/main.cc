@@ -25,6 +25,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "core/cuda/cuda_options.h"
 #include "core/util/flag_names.h"
@@ -78,6 +79,11 @@ ABSL_FLAG(int64_t, max_upload_bytes, 0,
           "request-buffer bytes (Q/K/V, staged context rows) all calls in progress may hold "
           "together; a header that does not fit gets RESOURCE_EXHAUSTED (0: half of the host's "
           "memory)");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 0,
+          "gRPC's resource quota: bytes its transports may buffer for all connections together; "
+          "past it gRPC cancels streams (RESOURCE_EXHAUSTED) until it is back under. Bounds what "
+          "an oversized message costs before it is refused (0: 16 x (--max-chunk-bytes + 1 MiB), at "
+          "least 1 GiB)");
 ABSL_FLAG(int64_t, max_spec_entries, int64_t{1} << 22,
           "entries an Attend header's spec lists and cu_seqlens may hold together (CSR row_ptr + "
           "col_idx, ...); more get RESOURCE_EXHAUSTED before the spec is converted");
@@ -274,6 +280,21 @@ int Main() {
       static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(
       static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
+  // gRPC 1.51 buffers a message whole before checking it against the max receive size (its
+  // deframer opens the flow-control window to the length prefix); the resource quota is what
+  // bounds the transports' buffers, so an oversized message is cut off at the quota, not at its
+  // length (docs/DESIGN.md "Hostile streams and memory").
+  const int64_t quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes) > 0
+                                  ? absl::GetFlag(FLAGS_grpc_memory_quota_bytes)
+                                  : std::max<int64_t>(16 * max_message, int64_t{1} << 30);
+  if (absl::GetFlag(FLAGS_grpc_memory_quota_bytes) < 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--grpc-memory-quota-bytes: must be >= 0, got ",
+                     absl::GetFlag(FLAGS_grpc_memory_quota_bytes))));
+  }
+  grpc::ResourceQuota quota("attnserve");
+  quota.Resize(static_cast<size_t>(quota_bytes));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(service->get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

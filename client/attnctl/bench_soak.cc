@@ -346,8 +346,10 @@ class NormalTraffic {
     ++codes_["OK"];
     latencies_.push_back(seconds);
     if (!firsts_[spec]) {
-      // The first answer of this spec: against the reference when asked (outside the lock: it
-      // takes a while), then the one the others are held to.
+      // The first answer of this spec: the one the others are held to (kept before the lock is
+      // let go, so no other answer becomes a second "first"), checked against the reference when
+      // asked (outside the lock: it takes a while).
+      firsts_[spec] = o;
       bool pass = true;
       if (options_.check) {
         lock.unlock();
@@ -367,8 +369,11 @@ class NormalTraffic {
                                       : outcome.status().ToString();
         }
       }
-      if (!firsts_[spec]) firsts_[spec] = std::move(o);
-      if (pass) ++ok_; else ++mismatched_;
+      if (pass) {
+        ++ok_;
+      } else {
+        ++mismatched_;
+      }
       return;
     }
     const double tolerance = options_.tolerance > 0 ? options_.tolerance : 1e-3;
