@@ -2,7 +2,7 @@
 // 64 MiB --grpc-memory-quota-bytes: the call ends with RESOURCE_EXHAUSTED, the server's peak
 // (VmHWM) grows by less than 100 MiB, and its RSS comes back afterwards. gRPC 1.51 would buffer
 // the whole message before refusing it; the quota cuts it off (docs/DESIGN.md "Hostile streams
-// and memory"). The growth is printed.
+// and memory"). The growth is printed. Also: a header with a 10^7-entry CSR.
 #include <unistd.h>
 
 #include <cstdint>
@@ -97,6 +97,69 @@ TEST(OversizedMessageTest, RefusedWithResourceExhaustedAndMemoryComesBack) {
 
   // And it still serves.
   EXPECT_TRUE((*server)->CheckHealth().ok());
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
+// A header carrying a 10^7-entry CSR (about 10 MB on the wire, 80 MB once parsed): refused with
+// RESOURCE_EXHAUSTED naming --max-spec-entries before the spec is converted, the parsed message
+// freed with the call, and the server's RSS back afterwards. The peak growth is printed.
+TEST(OversizedMessageTest, HugeCsrHeaderRefusedBeforeTheSpecIsConverted) {
+  ServerOptions options;
+  options.extra_args = {"--log-level=error"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const pid_t pid = (*server)->process().pid();
+  const int64_t rss_start = StatusBytes(pid, "VmRSS");
+  const int64_t hwm_start = StatusBytes(pid, "VmHWM");
+
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto channel =
+      grpc::CreateCustomChannel((*server)->target(), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::AttentionService::NewStub(channel);
+  for (int round = 0; round < 3; ++round) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto stream = stub->Attend(&context);
+    v1::AttendRequest header;
+    v1::AttendHeader* h = header.mutable_header();
+    h->set_dtype(v1::DTYPE_BF16);
+    h->set_batch(1);
+    h->set_tokens(262144);  // 4096 blocks of 64: the shape allows 4096^2 col_idx entries
+    h->set_q_heads(1);
+    h->set_kv_heads(1);
+    h->set_head_dim(64);
+    v1::BlockSparse* bs = h->mutable_spec()->mutable_block_sparse();
+    bs->set_block_size(64);
+    v1::Csr* csr = bs->mutable_csr();
+    csr->mutable_col_idx()->Resize(10'000'000, 1);
+    for (int i = 0; i <= 4096; ++i) csr->add_row_ptr(0);
+    EXPECT_GT(header.ByteSizeLong(), 9'000'000u);
+    ASSERT_TRUE(stream->Write(header));
+    stream->WritesDone();
+    v1::AttendResponse response;
+    while (stream->Read(&response)) {
+    }
+    const grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    EXPECT_NE(status.error_message().find("spec.block_sparse.csr.col_idx"), std::string::npos)
+        << status.error_message();
+    EXPECT_NE(status.error_message().find("--max-spec-entries=4194304"), std::string::npos)
+        << status.error_message();
+  }
+  const int64_t hwm_growth = StatusBytes(pid, "VmHWM") - hwm_start;
+  std::printf("10^7-entry CSR header x 3: server VmHWM growth %.1f MiB\n", hwm_growth / 1048576.0);
+  // One parse at a time (80 MB of int64s, plus the repeated field's doubling), never kept.
+  EXPECT_LT(hwm_growth, 256 * kMiB);
+  int64_t rss = StatusBytes(pid, "VmRSS");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (rss > rss_start + 64 * kMiB && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    rss = StatusBytes(pid, "VmRSS");
+  }
+  std::printf("server RSS: start %.1f MiB, after %.1f MiB\n", rss_start / 1048576.0,
+              rss / 1048576.0);
+  EXPECT_LE(rss, rss_start + 64 * kMiB);
   EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
 }
 
