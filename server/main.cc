@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -189,6 +190,42 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The limits against clients that hold streams or memory (server/README.md "Limits and
+// timeouts"), and the process's malloc setting that goes with them.
+void HostileLimitsFromFlags(ServiceOptions* o) {
+  o->streams.idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  o->streams.min_upload_rate = absl::GetFlag(FLAGS_min_upload_rate);
+  o->streams.min_upload_grace = absl::GetFlag(FLAGS_min_upload_grace);
+  o->limits.max_spec_entries = absl::GetFlag(FLAGS_max_spec_entries);
+  o->max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
+  if (o->max_upload_bytes == 0) {
+    o->max_upload_bytes =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
+  }
+  // A fixed mmap threshold: glibc's default slides up to the largest block freed so far (32 MiB
+  // at most), after which gRPC's and protobuf's multi-MiB message buffers come from malloc's
+  // arenas and stay resident once freed. Fixed at 1 MiB they are mappings of their own, unmapped
+  // on free (docs/DESIGN.md "Hostile streams and memory").
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+}
+
+// gRPC 1.51 buffers a message whole before checking it against the max receive size (its
+// deframer opens the flow-control window to the length prefix); the resource quota is what bounds
+// the transports' buffers, so an oversized message is cut off at the quota, not at its length
+// (docs/DESIGN.md "Hostile streams and memory").
+absl::Status SetGrpcMemoryQuota(grpc::ServerBuilder* builder, int64_t max_message) {
+  const int64_t flag = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
+  if (flag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-memory-quota-bytes: must be >= 0, got ", flag));
+  }
+  grpc::ResourceQuota quota("attnserve");
+  quota.Resize(static_cast<size_t>(
+      flag > 0 ? flag : std::max<int64_t>(16 * max_message, int64_t{1} << 30)));
+  builder->SetResourceQuota(quota);
+  return absl::OkStatus();
+}
+
 int Main() {
   // SIGTERM/SIGINT are taken with sigwait by this thread only: block them before any other
   // thread starts so that every thread inherits the mask.
@@ -248,20 +285,7 @@ int Main() {
   service_options.contexts.memory_budget_bytes = absl::GetFlag(FLAGS_context_memory_bytes);
   service_options.contexts.default_ttl = absl::GetFlag(FLAGS_context_ttl);
   service_options.contexts.max_contexts = absl::GetFlag(FLAGS_max_contexts);
-  service_options.streams.idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
-  service_options.streams.min_upload_rate = absl::GetFlag(FLAGS_min_upload_rate);
-  service_options.streams.min_upload_grace = absl::GetFlag(FLAGS_min_upload_grace);
-  service_options.limits.max_spec_entries = absl::GetFlag(FLAGS_max_spec_entries);
-  service_options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
-  if (service_options.max_upload_bytes == 0) {
-    service_options.max_upload_bytes =
-        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
-  }
-  // A fixed mmap threshold: glibc's default slides up to the largest block freed so far (32 MiB
-  // at most), after which gRPC's and protobuf's multi-MiB message buffers come from malloc's
-  // arenas and stay resident once freed. Fixed at 1 MiB they are mappings of their own, unmapped
-  // on free (docs/DESIGN.md "Hostile streams and memory").
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  HostileLimitsFromFlags(&service_options);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());
@@ -280,21 +304,7 @@ int Main() {
       static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(
       static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
-  // gRPC 1.51 buffers a message whole before checking it against the max receive size (its
-  // deframer opens the flow-control window to the length prefix); the resource quota is what
-  // bounds the transports' buffers, so an oversized message is cut off at the quota, not at its
-  // length (docs/DESIGN.md "Hostile streams and memory").
-  const int64_t quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes) > 0
-                                  ? absl::GetFlag(FLAGS_grpc_memory_quota_bytes)
-                                  : std::max<int64_t>(16 * max_message, int64_t{1} << 30);
-  if (absl::GetFlag(FLAGS_grpc_memory_quota_bytes) < 0) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--grpc-memory-quota-bytes: must be >= 0, got ",
-                     absl::GetFlag(FLAGS_grpc_memory_quota_bytes))));
-  }
-  grpc::ResourceQuota quota("attnserve");
-  quota.Resize(static_cast<size_t>(quota_bytes));
-  builder.SetResourceQuota(quota);
+  if (absl::Status s = SetGrpcMemoryQuota(&builder, max_message); !s.ok()) return Fail(s);
   builder.RegisterService(service->get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "attnserve/v1/attnserve.pb.h"
 #include "client/attn_client.h"
+#include "client/attnctl/flag_parser.h"
 #include "client/attnctl/problem.h"
 #include "core/util/json.h"
 
@@ -70,6 +71,8 @@ struct SoakReport {
 SoakReport RunSoak(client::AttnClient& client, const Problem& problem, const SoakOptions& options);
 
 Json SoakReportJson(const SoakReport& report);
+// attnctl bench --soak: the soak flags, the run, the report (text or --json), the exit code.
+int SoakMain(const FlagSet& flags, const Problem& problem);
 std::string SoakReportText(const SoakReport& report);
 
 }  // namespace attnserve::attnctl
