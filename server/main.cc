@@ -1,6 +1,9 @@
 // attnserve: the attention service. See server/README.md for the flags and their behaviour.
+#include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +26,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "core/cuda/cuda_options.h"
 #include "core/util/flag_names.h"
@@ -62,6 +66,28 @@ ABSL_FLAG(int64_t, chunk_bytes, (int64_t{4} << 20) - (int64_t{64} << 10),
           "default response chunk size in bytes (4 MiB - 64 KiB: fits gRPC's default 4 MiB "
           "client receive limit with the message framing)");
 ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{64} << 20, "largest accepted request chunk in bytes");
+// Limits against clients that hold streams open or memory up (server/README.md "Limits and
+// timeouts").
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(60),
+          "end an Attend/AppendContext stream that sends nothing for this long while uploading "
+          "(or owes its half-close) with DEADLINE_EXCEEDED (0: never)");
+ABSL_FLAG(int64_t, min_upload_rate, 16384,
+          "after --min-upload-grace, end an upload whose average rate since the call started is "
+          "below this many bytes/s with DEADLINE_EXCEEDED (0: off)");
+ABSL_FLAG(absl::Duration, min_upload_grace, absl::Seconds(30),
+          "how long an upload may run before --min-upload-rate applies");
+ABSL_FLAG(int64_t, max_upload_bytes, 0,
+          "request-buffer bytes (Q/K/V, staged context rows) all calls in progress may hold "
+          "together; a header that does not fit gets RESOURCE_EXHAUSTED (0: half of the host's "
+          "memory)");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, 0,
+          "gRPC's resource quota: bytes its transports may buffer for all connections together; "
+          "past it gRPC cancels streams (RESOURCE_EXHAUSTED) until it is back under. Bounds what "
+          "an oversized message costs before it is refused (0: 16 x (--max-chunk-bytes + 1 MiB), at "
+          "least 1 GiB)");
+ABSL_FLAG(int64_t, max_spec_entries, int64_t{1} << 22,
+          "entries an Attend header's spec lists and cu_seqlens may hold together (CSR row_ptr + "
+          "col_idx, ...); more get RESOURCE_EXHAUSTED before the spec is converted");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in progress may take to finish");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|critical|off");
@@ -164,6 +190,42 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The limits against clients that hold streams or memory (server/README.md "Limits and
+// timeouts"), and the process's malloc setting that goes with them.
+void HostileLimitsFromFlags(ServiceOptions* o) {
+  o->streams.idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  o->streams.min_upload_rate = absl::GetFlag(FLAGS_min_upload_rate);
+  o->streams.min_upload_grace = absl::GetFlag(FLAGS_min_upload_grace);
+  o->limits.max_spec_entries = absl::GetFlag(FLAGS_max_spec_entries);
+  o->max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
+  if (o->max_upload_bytes == 0) {
+    o->max_upload_bytes =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
+  }
+  // A fixed mmap threshold: glibc's default slides up to the largest block freed so far (32 MiB
+  // at most), after which gRPC's and protobuf's multi-MiB message buffers come from malloc's
+  // arenas and stay resident once freed. Fixed at 1 MiB they are mappings of their own, unmapped
+  // on free (docs/DESIGN.md "Hostile streams and memory").
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+}
+
+// gRPC 1.51 buffers a message whole before checking it against the max receive size (its
+// deframer opens the flow-control window to the length prefix); the resource quota is what bounds
+// the transports' buffers, so an oversized message is cut off at the quota, not at its length
+// (docs/DESIGN.md "Hostile streams and memory").
+absl::Status SetGrpcMemoryQuota(grpc::ServerBuilder* builder, int64_t max_message) {
+  const int64_t flag = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
+  if (flag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-memory-quota-bytes: must be >= 0, got ", flag));
+  }
+  grpc::ResourceQuota quota("attnserve");
+  quota.Resize(static_cast<size_t>(
+      flag > 0 ? flag : std::max<int64_t>(16 * max_message, int64_t{1} << 30)));
+  builder->SetResourceQuota(quota);
+  return absl::OkStatus();
+}
+
 int Main() {
   // SIGTERM/SIGINT are taken with sigwait by this thread only: block them before any other
   // thread starts so that every thread inherits the mask.
@@ -223,6 +285,7 @@ int Main() {
   service_options.contexts.memory_budget_bytes = absl::GetFlag(FLAGS_context_memory_bytes);
   service_options.contexts.default_ttl = absl::GetFlag(FLAGS_context_ttl);
   service_options.contexts.max_contexts = absl::GetFlag(FLAGS_max_contexts);
+  HostileLimitsFromFlags(&service_options);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());
@@ -241,6 +304,7 @@ int Main() {
       static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(
       static_cast<int>(std::min<int64_t>(max_message, std::numeric_limits<int>::max())));
+  if (absl::Status s = SetGrpcMemoryQuota(&builder, max_message); !s.ok()) return Fail(s);
   builder.RegisterService(service->get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

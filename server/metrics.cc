@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <utility>
 
@@ -246,6 +249,22 @@ void Metrics::AddContextSeries(prometheus::Registry& r) {
                    .Help("Contexts the server keeps (CreateContext, not yet deleted or expired)")
                    .Register(r)
                    .Add({});
+  request_buffer_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_request_buffer_bytes")
+           .Help("Q/K/V request buffers and staged context rows held by calls in progress")
+           .Register(r)
+           .Add({});
+  resident_bytes_ = &prometheus::BuildGauge()
+                         .Name("attnserve_process_resident_bytes")
+                         .Help("Resident set size of the server process (/proc/self/statm)")
+                         .Register(r)
+                         .Add({});
+}
+
+void Metrics::SetRequestBufferSource(std::function<int64_t()> source) {
+  std::lock_guard<std::mutex> lock(refresh_mu_);
+  request_buffer_source_ = std::move(source);
 }
 
 void Metrics::SetContextSource(std::function<ContextTotals()> source) {
@@ -335,6 +354,17 @@ void Metrics::Refresh() {
       regions_[k]->Set(static_cast<double>(t.regions[k]));
       region_bytes_[k]->Set(static_cast<double>(t.bytes[k]));
     }
+  }
+  if (request_buffer_source_) {
+    request_buffer_bytes_->Set(static_cast<double>(request_buffer_source_()));
+  }
+  {
+    long pages = 0, resident = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      std::fclose(f);
+    }
+    resident_bytes_->Set(static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)));
   }
   if (context_source_) {
     const ContextTotals t = context_source_();

@@ -93,6 +93,10 @@ class Metrics {
   // Where attnserve_contexts / attnserve_context_bytes read from on each scrape (the service's
   // context store); null: they stay as they are. Thread-safe.
   void SetContextSource(std::function<ContextTotals()> source);
+  // Where attnserve_request_buffer_bytes reads from on each scrape (the service's request-buffer
+  // tracker); null: it stays as it is. Thread-safe. attnserve_process_resident_bytes is read from
+  // /proc/self/statm on each scrape.
+  void SetRequestBufferSource(std::function<int64_t()> source);
 
   // Copies every device's Stats() into the memory gauges and recomputes the imbalance ratio.
   // Called on each scrape; thread-safe.
@@ -152,6 +156,9 @@ class Metrics {
   std::array<prometheus::Gauge*, kNumRegionKinds> region_bytes_{};
   std::function<ContextTotals()> context_source_;  // under refresh_mu_
   prometheus::Gauge* contexts_ = nullptr;
+  std::function<int64_t()> request_buffer_source_;  // under refresh_mu_
+  prometheus::Gauge* request_buffer_bytes_ = nullptr;
+  prometheus::Gauge* resident_bytes_ = nullptr;
   std::mutex refresh_mu_;  // Refresh's differences of counters
 };
 

@@ -153,6 +153,9 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   AttentionShape shape = ShapeFromHeader(header);
   if (kv_len != shape.tokens) shape.kv_tokens = kv_len;
   ATTN_RETURN_IF_ERROR(ValidateShape(shape));
+  // Before the spec's lists are copied out of the proto (a CSR of 10^7 entries would otherwise
+  // be held several times over by a call that is refused anyway).
+  ATTN_RETURN_IF_ERROR(CheckHeaderSizes(header, kv_len, options_.max_spec_entries));
   ATTN_ASSIGN_OR_RETURN(AttentionSpec spec, SpecFromProto(header.spec()));
   // A context attend aligns the last query with the context's last row unless told otherwise.
   spec.q_offset = header.has_q_offset() ? header.q_offset()
@@ -163,6 +166,16 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   ATTN_RETURN_IF_ERROR(ValidateSpec(spec, shape));
   ATTN_RETURN_IF_ERROR(CheckShardedAttend(header, spec));
 
+  // The buffers this request allocates (tensors not read from a context or a region), reserved
+  // against the server-wide cap before any of them exists.
+  UploadBudget::Reservation reservation;
+  if (options_.upload_budget != nullptr) {
+    const int64_t allocated = SatAdd(header.has_q_region() ? 0 : q_bytes,
+                                     SatAdd(context_ || header.has_k_region() ? 0 : kv_bytes,
+                                            context_ || header.has_v_region() ? 0 : kv_bytes));
+    ATTN_RETURN_IF_ERROR(options_.upload_budget->Reserve(allocated, "header: q, k and v",
+                                                         &reservation));
+  }
   std::array<HostTensor, 3> tensors;
   std::array<bool, 3> from_region{};
   if (context_) {
@@ -174,6 +187,10 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
 
   has_header_ = true;
   header_ = header;
+  // spec_ holds the spec: the proto's copy of its lists (a CSR may be large) is not kept twice.
+  header_.clear_spec();
+  header_.clear_cu_seqlens_q();
+  header_.clear_cu_seqlens_k();
   spec_ = std::move(spec);
   shape_ = shape;
   dtype_ = dtype;
@@ -183,12 +200,18 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   tensor_bytes_ = {q_bytes, kv_bytes, kv_bytes};
   total_bytes_ = total;
   from_region_ = from_region;
+  reservation_ = std::move(reservation);
   for (int i = 0; i < 3; ++i) {
     if (!from_region_[i]) continue;
     received_[i].Insert(0, tensor_bytes_[i], nullptr);
     received_bytes_ += tensor_bytes_[i];
   }
   return absl::OkStatus();
+}
+
+void RequestAssembler::ReleaseBuffers() {
+  for (HostTensor& t : tensors_) t = HostTensor();
+  reservation_.Release();
 }
 
 absl::Status RequestAssembler::ResolveTensors(const v1::AttendHeader& header,

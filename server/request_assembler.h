@@ -19,6 +19,7 @@
 #include "core/tensor/tensor.h"
 #include "server/contexts/context_store.h"
 #include "server/regions/region_refs.h"
+#include "server/stream_limits.h"
 
 namespace attnserve {
 
@@ -45,6 +46,13 @@ struct AssemblerOptions {
   // Contexts named by AttendHeader.context (K and V read where the context keeps them). Not
   // owned; null: such headers are refused (FAILED_PRECONDITION). The owner is region_owner.
   ContextStore* contexts = nullptr;
+  // Server-wide cap on request-buffer bytes (--max-upload-bytes): the header reserves what it
+  // allocates, before allocating. Not owned; null: no cap.
+  UploadBudget* upload_budget = nullptr;
+  // Most entries the header's repeated fields may hold together (CSR row_ptr + col_idx, dilated
+  // lists, sparse rates, cu_seqlens): checked with each field's own bound from the shape before
+  // the spec is converted (--max-spec-entries).
+  int64_t max_spec_entries = int64_t{1} << 22;
 };
 
 // Byte ranges [start, end) received so far for one tensor, merged as they touch. Insert is
@@ -93,6 +101,12 @@ class RequestAssembler {
   const AttentionShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   int64_t response_chunk_bytes() const { return response_chunk_bytes_; }
+
+  // Drops the Q/K/V buffers not yet taken and the upload reservation (a call ended early: its
+  // memory goes back now, not when gRPC gets round to deleting the call). The header stays.
+  void ReleaseBuffers();
+  // Returns the upload reservation (the job that held the buffers is done).
+  void ReleaseReservation() { reservation_.Release(); }
 
   // Moves the tensors out (after Complete() is OK); the assembler holds nothing afterwards.
   HostTensor TakeQ() { return std::move(tensors_[0]); }
@@ -159,7 +173,16 @@ class RequestAssembler {
   bool outputs_direct_ = false;
   int64_t received_bytes_ = 0;
   int64_t total_bytes_ = 0;
+  UploadBudget::Reservation reservation_;
 };
+
+// The size rules of a header's repeated fields, checked on the proto before anything is copied
+// out of it: each field against what the shape allows (CSR row_ptr: exactly ceil(tokens /
+// block_size) + 1 entries; col_idx: at most one per (query block, key block) pair; cu_seqlens: at
+// most tokens + 1; dilated lists and sparse rates: at most one per key block / position), and all
+// of them together against `max_entries`. INVALID_ARGUMENT for a field the shape rules out,
+// RESOURCE_EXHAUSTED for one over `max_entries` (--max-spec-entries), each naming the field.
+absl::Status CheckHeaderSizes(const v1::AttendHeader& header, int64_t kv_len, int64_t max_entries);
 
 }  // namespace attnserve
 

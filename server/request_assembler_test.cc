@@ -279,6 +279,69 @@ TEST(RequestAssemblerTest, KeysOfAnotherLengthAndOffsets) {
   EXPECT_THAT(d.AddHeader(p).message(), HasSubstr("cu_seqlens_k"));
 }
 
+TEST(RequestAssemblerTest, SpecListsAreBoundedBeforeTheSpecIsConverted) {
+  // 1000 tokens at block 64: 16 blocks, so row_ptr has 17 entries and col_idx at most 256.
+  v1::AttendHeader h = Header(1, 1000, 2, 2, 8);
+  v1::Csr* csr = h.mutable_spec()->mutable_block_sparse()->mutable_csr();
+  h.mutable_spec()->mutable_block_sparse()->set_block_size(64);
+  for (int i = 0; i < 18; ++i) csr->add_row_ptr(0);
+  RequestAssembler a({});
+  absl::Status s = a.AddHeader(h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("spec.block_sparse.csr.row_ptr: 18 entries"));
+  EXPECT_THAT(s.message(), HasSubstr("num_blocks + 1 (17)"));
+
+  csr->clear_row_ptr();
+  for (int i = 0; i < 257; ++i) csr->add_col_idx(0);
+  RequestAssembler b({});
+  s = b.AddHeader(h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("spec.block_sparse.csr.col_idx: 257 entries"));
+
+  // Within the shape's bounds but above --max-spec-entries.
+  csr->clear_col_idx();
+  for (int i = 0; i < 17; ++i) csr->add_row_ptr(i);
+  for (int i = 0; i < 16; ++i) csr->add_col_idx(i);
+  AssemblerOptions tight;
+  tight.max_spec_entries = 20;
+  RequestAssembler c(tight);
+  s = c.AddHeader(h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("--max-spec-entries=20"));
+  EXPECT_THAT(s.message(), HasSubstr("33 entries together"));
+  tight.max_spec_entries = 33;
+  RequestAssembler d(tight);
+  EXPECT_TRUE(d.AddHeader(h).ok()) << d.AddHeader(h);
+
+  // cu_seqlens: at most tokens + 1 entries.
+  v1::AttendHeader p = Header(1, 3, 2, 2, 8);
+  for (int i = 0; i < 5; ++i) p.add_cu_seqlens_q(0);
+  RequestAssembler e({});
+  EXPECT_THAT(e.AddHeader(p).message(), HasSubstr("header.cu_seqlens_q: 5 entries"));
+}
+
+TEST(RequestAssemblerTest, UploadBudgetRefusesAHeaderThatDoesNotFitAndReleases) {
+  UploadBudget budget(3000, "--max-upload-bytes");
+  AssemblerOptions o;
+  o.upload_budget = &budget;
+  // [1, 16, 2, 8] bf16: q 512 bytes, k and v 512 each.
+  {
+    RequestAssembler a(o);
+    ASSERT_TRUE(a.AddHeader(Header(1, 16, 2, 2, 8)).ok());
+    EXPECT_EQ(budget.held_bytes(), 1536);
+    RequestAssembler b(o);
+    absl::Status s = b.AddHeader(Header(1, 32, 2, 2, 8));  // 3072 more
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(s.message(), HasSubstr("--max-upload-bytes=3000"));
+    EXPECT_EQ(budget.held_bytes(), 1536);
+    a.ReleaseBuffers();
+    EXPECT_EQ(budget.held_bytes(), 0);
+    RequestAssembler c(o);
+    ASSERT_TRUE(c.AddHeader(Header(1, 16, 2, 2, 8)).ok());
+  }
+  EXPECT_EQ(budget.held_bytes(), 0) << "released with the assembler";
+}
+
 TEST(RequestAssemblerTest, ContextHeadersNeedAServerThatKeepsThem) {
   RequestAssembler a({});
   v1::AttendHeader h = Header(1, 1, 2, 2, 8);

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,6 +25,7 @@
 #include "bench/harness/run_record.h"
 #include "client/attnctl/bench_load.h"
 #include "client/attnctl/bench_report.h"
+#include "client/attnctl/bench_soak.h"
 #include "client/attnctl/check.h"
 #include "client/attnctl/common.h"
 #include "client/attnctl/output.h"
@@ -51,6 +53,8 @@ ABSL_FLAG(std::string, report_csv, "",
 ABSL_FLAG(std::string, report_json, "",
           "also write the report to this JSON file: the run record and one object per level or "
           "rate (bench/plot_results.py draws it)");
+
+ABSL_DECLARE_FLAG(bool, soak);  // bench_soak_main.cc
 
 namespace attnserve::attnctl {
 namespace {
@@ -349,6 +353,12 @@ int BenchMain(const FlagSet& flags) {
   int load_exit = kExitUsage;
   absl::StatusOr<Problem> problem = LoadProblem(flags, /*files=*/nullptr, &load_exit);
   if (!problem.ok()) return UsageError("bench", problem.status());
+  if (absl::GetFlag(FLAGS_soak)) {
+    if (absl::Status s = ValidateCheckFlags(problem->q, problem->k.dim(1)); !s.ok()) {
+      return UsageError("bench", s);
+    }
+    return SoakMain(flags, *problem);
+  }
   absl::StatusOr<v1::Placement> placement = PlacementFromFlags();
   if (!placement.ok()) return UsageError("bench", placement.status());
   absl::StatusOr<Plan> plan = PlanFromFlags(flags);
@@ -475,6 +485,17 @@ Command BenchCommand() {
                              {"report_csv", "FILE", "-"},
                              {"report_json", "FILE", "-"}});
   for (const FlagUse& use : RegionFlags()) flags.push_back(use);
+  flags.insert(flags.end(), {{"soak", ""},
+                             {"silent_streams", "N"},
+                             {"slow_streams", "N"},
+                             {"slow_rate", "BYTES_PER_S"},
+                             {"oversized_streams", "N"},
+                             {"oversized_bytes", "N"},
+                             {"cancelling_streams", "N"},
+                             {"hostile_channels", "N"},
+                             {"soak_specs", "JSON;JSON", "-"},
+                             {"server_pid", "PID", "-"},
+                             {"soak_grace", "DURATION"}});
   return Command{
       "bench",
       "bench --server HOST:PORT --random B,N,Hq,Hkv,D [--q-len NQ] [--kv-len NKV]\n"
@@ -496,7 +517,16 @@ Command BenchCommand() {
       "measures latency from each request's scheduled start, so that queueing shows, and\n"
       "reports the achieved rate. --report-csv and --report-json also write the rows to files\n"
       "with the device, date, commit and command (--json prints that document for a sweep).\n"
-      "--shm / --cuda-ipc: inputs and outputs through one shared region (see run --help).\n",
+      "--shm / --cuda-ipc: inputs and outputs through one shared region (see run --help).\n"
+      "--soak: normal requests (--concurrency threads, cycling through --soak-specs, every\n"
+      "answer compared with its spec's first, which --check compares with the reference) for\n"
+      "--duration alongside hostile streams kept open at once: --silent-streams (a header, then\n"
+      "nothing), --slow-streams (a header, then --slow-rate bytes/s), --oversized-streams (one\n"
+      "chunk of --oversized-bytes), --cancelling-streams (part of Q, then a cancel). Prints the\n"
+      "normal requests' outcome and latency, each class's status codes and how long its streams\n"
+      "lived, and (--server-pid) the server's RSS at the start, peak and end (--json: one\n"
+      "object). Exit 0 when every normal answer was OK and correct and the server ended every\n"
+      "hostile stream within --duration + --soak-grace.\n",
       std::move(flags),
       &BenchMain,
   };

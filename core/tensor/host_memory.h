@@ -40,7 +40,14 @@ class HostMemory {
   virtual HostMemoryStats stats() const { return {}; }
 };
 
-// Plain (pageable) host memory: the CPU backend's, and the default of HostTensor::Create.
+// Blocks of at least this many bytes are PlainHostMemory mappings of their own.
+inline constexpr size_t kPlainHostMmapBytes = size_t{1} << 20;
+
+// Plain (pageable) host memory: the CPU backend's. Blocks of kPlainHostMmapBytes or more (request
+// buffers, outputs, workspaces) are anonymous mmap mappings, unmapped on Free, so the memory of a
+// finished request goes back to the OS at once instead of staying in malloc's heaps, where
+// fragmentation and glibc's sliding mmap threshold would keep it resident (docs/DESIGN.md
+// "Hostile streams and memory"). `Free` must get the size given to `Allocate`.
 class PlainHostMemory final : public HostMemory {
  public:
   void* Allocate(size_t bytes) override;

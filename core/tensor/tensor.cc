@@ -1,5 +1,7 @@
 #include "core/tensor/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,10 +43,20 @@ std::string ShapeString(const std::vector<int64_t>& dims, DType dtype) {
 }  // namespace
 
 void* PlainHostMemory::Allocate(size_t bytes) {
+  if (bytes >= kPlainHostMmapBytes) {
+    // Its own mapping (page-aligned, hence 64-byte aligned): munmap gives it back to the OS at
+    // once, whatever malloc's heaps look like.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
   return ::operator new (bytes, std::align_val_t{kHostTensorAlignment}, std::nothrow);
 }
 
-void PlainHostMemory::Free(void* p, size_t) {
+void PlainHostMemory::Free(void* p, size_t bytes) {
+  if (bytes >= kPlainHostMmapBytes) {
+    munmap(p, bytes);
+    return;
+  }
   ::operator delete (p, std::align_val_t{kHostTensorAlignment});
 }
 

@@ -47,15 +47,20 @@ std::string SpecSummary(const AttentionSpec& spec) {
 // them. Finish happens once: after an outcome is decided, with no write in flight, no operation
 // being started and no job outstanding on the scheduler (the job's callback points at this
 // reactor), so OnDone -- which deletes the reactor -- cannot overtake any of them.
+// The service's watchdog checks the stream's idle and minimum-rate limits (CheckLimits) from its
+// own thread; it may decide the outcome like any other reaction.
 class AttentionServiceImpl::AttendReactor final
-    : public grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendResponse> {
+    : public grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendResponse>,
+      public WatchedStream {
  public:
   AttendReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
         assembler_(AssemblerLimits(service)),
-        start_(absl::Now()) {
+        start_(absl::Now()),
+        last_message_(start_) {
     service_->CallStarted();
+    service_->watchdog_->Add(this);
     service_->metrics_->AddInflight(1);
     Actions a;
     {
@@ -117,6 +122,29 @@ class AttentionServiceImpl::AttendReactor final
     Execute(a);
   }
 
+  // The watchdog's round (see WatchedStream): ends a stream that is silent too long while it
+  // uploads or owes the half-close, or uploads too slowly, with DEADLINE_EXCEEDED.
+  std::function<void()> CheckLimits(absl::Time now) override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || final_) return nullptr;  // busy: not idle
+    const StreamLimits& limits = service_->options_.streams;
+    std::optional<absl::Status> verdict;
+    if (stage_ == Stage::kReceiving) {
+      verdict = CheckUpload(limits, start_, last_message_, uploaded_bytes_, now, StageName(stage_));
+    } else if (all_written_ && !half_closed_) {
+      verdict = CheckIdle(limits, all_written_at_, now,
+                          "waiting for the client's half-close after the response");
+    }
+    if (!verdict) return nullptr;
+    final_ = *std::move(verdict);
+    // Nothing was submitted while receiving: the buffers go back now, not when OnDone comes.
+    if (stage_ == Stage::kReceiving) assembler_.ReleaseBuffers();
+    Actions a = FinishIfReadyLocked();
+    if (!a.finish) return nullptr;  // the operation in progress finishes the call
+    // Finish is owed by this caller alone, so OnDone (which deletes this) cannot come before it.
+    return [this, status = *a.finish] { Finish(status); };
+  }
+
   void OnWriteDone(bool ok) override {
     Actions a;
     {
@@ -160,6 +188,7 @@ class AttentionServiceImpl::AttendReactor final
   }
 
   void OnDone() override {
+    service_->watchdog_->Remove(this);
     const absl::Status status = final_.value_or(absl::UnknownError("finished without an outcome"));
     const grpc::StatusCode code = ToGrpcStatus(status).error_code();
     if (!recorded_) RecordOutcome(code);
@@ -199,6 +228,7 @@ class AttentionServiceImpl::AttendReactor final
     o.regions = service->regions_.get();
     o.region_owner = "";  // one namespace per server today (server/regions/region_registry.h)
     o.contexts = service->contexts_.get();
+    o.upload_budget = service->upload_budget_.get();
     for (size_t i = 0; i < service->pool_->size(); ++i) {
       const int ordinal = service->pool_->device(i).cuda_ordinal();
       if (ordinal >= 0) o.in_place_cuda_ordinals.push_back(ordinal);
@@ -227,17 +257,24 @@ class AttentionServiceImpl::AttendReactor final
 
   // One message while receiving: a header or a chunk. Submits the job once complete.
   void OnMessageLocked(Actions* a) {
+    last_message_ = absl::Now();
     if (request_.has_chunk()) {
-      service_->metrics_->AddReceivedBytes(static_cast<int64_t>(request_.chunk().data().size()));
+      const int64_t bytes = static_cast<int64_t>(request_.chunk().data().size());
+      uploaded_bytes_ += bytes;
+      service_->metrics_->AddReceivedBytes(bytes);
     }
     if (absl::Status s = assembler_.Add(request_); !s.ok()) {
       final_ = s;
+      request_.Clear();
       return;
     }
     if (request_.has_header()) {
       request_id_ = request_.header().request_id().empty() ? service_->NextRequestId()
                                                            : request_.header().request_id();
     }
+    // The message is consumed: free it now (a chunk's payload, a header's spec lists) rather
+    // than when the next read replaces it, which for a silent client is never.
+    request_.Clear();
     if (assembler_.all_received()) {
       receive_seconds_ = absl::ToDoubleSeconds(absl::Now() - start_);
       auto job = std::make_shared<Job>();
@@ -289,6 +326,7 @@ class AttentionServiceImpl::AttendReactor final
       std::lock_guard<std::mutex> lock(mu_);
       job_outstanding_ = false;
       job_.reset();
+      assembler_.ReleaseReservation();  // the inputs are gone with the job
       queue_seconds_ = result.queue_seconds;
       compute_seconds_ = result.info.compute_seconds;
       copy_seconds_ = result.info.copy_seconds;
@@ -355,6 +393,7 @@ class AttentionServiceImpl::AttendReactor final
     } else if (in_regions) {
       // O and LSE are in the caller's regions already: the header was the whole response.
       all_written_ = true;
+      all_written_at_ = absl::Now();
       if (half_closed_) final_ = absl::OkStatus();
       return a;
     } else {
@@ -367,6 +406,7 @@ class AttentionServiceImpl::AttendReactor final
         // ends OK once the client has half-closed (see OnReadDone).
         result_.outputs = AttentionOutputs();
         all_written_ = true;
+        all_written_at_ = absl::Now();
         if (half_closed_) final_ = absl::OkStatus();
         return a;
       }
@@ -456,6 +496,9 @@ class AttentionServiceImpl::AttendReactor final
   bool finished_ = false;
 
   const absl::Time start_;
+  absl::Time last_message_;    // of the request stream (start_ before any)
+  int64_t uploaded_bytes_ = 0;  // chunk payload bytes received
+  absl::Time all_written_at_;  // when the last response message was written
   double receive_seconds_ = 0;
   double queue_seconds_ = 0;
   double compute_seconds_ = 0;

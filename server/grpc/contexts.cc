@@ -3,6 +3,8 @@
 // string today: one namespace per server.
 #include <array>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,33 +59,86 @@ void ContextStatusToProto(const ContextInfo& info, v1::ContextStatus* out) {
 
 // One AppendContext call: the header, then K and V chunks into page-locked host tensors (or
 // region views), then, at the client's half-close, one commit into the context. gRPC runs one
-// read at a time, so the reactor needs no lock; Finish runs once and no read follows it.
+// read at a time; mu_ orders the reads' reactions against the watchdog (CheckLimits), which may
+// end a stream that is idle or too slow. Finish runs once; a read started (starting_) is never
+// overtaken by it, and no read follows it.
 class AttentionServiceImpl::AppendReactor final
-    : public grpc::ServerReadReactor<v1::AppendContextRequest> {
+    : public grpc::ServerReadReactor<v1::AppendContextRequest>,
+      public WatchedStream {
  public:
   AppendReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context,
                 v1::AppendContextResponse* response)
-      : service_(service), context_(context), response_(response) {
+      : service_(service),
+        context_(context),
+        response_(response),
+        start_(absl::Now()),
+        last_message_(start_) {
     service_->CallStarted();
-    if (service_->draining()) {
+    service_->watchdog_->Add(this);
+    const bool draining = service_->draining();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (draining) {
+        final_ = absl::UnavailableError("server is draining");
+        finished_ = true;
+      } else {
+        ++starting_;
+      }
+    }
+    if (draining) {
       Finish(ToGrpcStatus(absl::UnavailableError("server is draining")));
       return;
     }
-    StartRead(&request_);
+    StartReadAndSettle();
   }
 
   void OnReadDone(bool ok) override {
-    // !ok: the client half-closed (or the call broke: then Finish goes nowhere).
-    absl::Status s = ok ? Add() : Commit();
+    absl::Status s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (final_) return;  // the watchdog ended the call (and Finish is on its way)
+      last_message_ = absl::Now();
+      if (ok && request_.has_chunk()) {
+        uploaded_bytes_ += static_cast<int64_t>(request_.chunk().data().size());
+      }
+      // !ok: the client half-closed (or the call broke: then Finish goes nowhere).
+      s = ok ? Add() : Commit();
+      request_.Clear();  // a chunk's payload is copied: free it now
+      if (!ok || !s.ok()) {
+        final_ = s;
+        finished_ = true;
+      } else {
+        ++starting_;
+      }
+    }
     if (!ok || !s.ok()) {
       if (!s.ok()) spdlog::warn("append context '{}': {}", name_, s.ToString());
       Finish(ToGrpcStatus(s));
       return;
     }
-    StartRead(&request_);
+    StartReadAndSettle();
+  }
+
+  // The watchdog's round: a stream still uploading that is idle or too slow ends with
+  // DEADLINE_EXCEEDED, its staged rows freed at once.
+  std::function<void()> CheckLimits(absl::Time now) override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || final_) return nullptr;
+    std::optional<absl::Status> verdict =
+        CheckUpload(service_->options_.streams, start_, last_message_, uploaded_bytes_, now,
+                    "appending to the context");
+    if (!verdict) return nullptr;
+    final_ = *std::move(verdict);
+    tensors_ = {};
+    reservation_.Release();
+    spdlog::warn("append context '{}': {}", name_.empty() ? "-" : name_, final_->ToString());
+    if (starting_ > 0) return nullptr;  // StartReadAndSettle finishes the call
+    finished_ = true;
+    return [this, status = ToGrpcStatus(*final_)] { Finish(status); };
   }
 
   void OnDone() override {
+    service_->watchdog_->Remove(this);
     AttentionServiceImpl* service = service_;
     delete this;  // frees the staged rows
     service->CallEnded();
@@ -114,6 +169,9 @@ class AttentionServiceImpl::AppendReactor final
     }
     tokens_ = h.tokens();
     bytes_ = tokens_ * row_bytes;
+    ATTN_RETURN_IF_ERROR(service_->upload_budget_->Reserve(
+        (h.has_k_region() ? 0 : bytes_) + (h.has_v_region() ? 0 : bytes_), "header: k and v",
+        &reservation_));
     if (h.has_expect_tokens()) expect_ = h.expect_tokens();
     const std::vector<int64_t> dims = {tokens_, c.kv_heads, c.head_dim};
     const v1::RegionRef* refs[2] = {&h.k_region(), &h.v_region()};
@@ -187,9 +245,33 @@ class AttentionServiceImpl::AppendReactor final
     return absl::OkStatus();
   }
 
+  // Starts the next read, then finishes the call if the watchdog ended it meanwhile (it leaves
+  // Finish to us while a read is being started).
+  void StartReadAndSettle() {
+    StartRead(&request_);
+    std::optional<grpc::Status> finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --starting_;
+      if (final_ && !finished_ && starting_ == 0) {
+        finished_ = true;
+        finish = ToGrpcStatus(*final_);
+      }
+    }
+    if (finish) Finish(*finish);
+  }
+
   AttentionServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   v1::AppendContextResponse* const response_;
+  std::mutex mu_;
+  std::optional<absl::Status> final_;  // decided by a read or by the watchdog
+  bool finished_ = false;              // Finish is called (or owed by whoever set this)
+  int starting_ = 0;                   // reads being started
+  const absl::Time start_;
+  absl::Time last_message_;
+  int64_t uploaded_bytes_ = 0;
+  UploadBudget::Reservation reservation_;
   v1::AppendContextRequest request_;
   bool has_header_ = false;
   std::string name_;

@@ -2,6 +2,8 @@
 // is attend_reactor.cc, Describe is describe.cc.
 #include "server/grpc/service.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <random>
 
@@ -39,6 +41,27 @@ absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> AttentionServiceImpl::Crea
         absl::StrCat("--chunk-bytes: must be in [1, --max-chunk-bytes=", l.max_chunk_bytes,
                      "], got ", l.default_response_chunk_bytes));
   }
+  if (options.streams.idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--stream-idle-timeout: must be >= 0, got ",
+                                                   absl::FormatDuration(options.streams.idle_timeout)));
+  }
+  if (options.streams.min_upload_rate < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--min-upload-rate: must be >= 0, got ",
+                                                   options.streams.min_upload_rate));
+  }
+  if (options.streams.min_upload_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-upload-grace: must be >= 0, got ",
+                     absl::FormatDuration(options.streams.min_upload_grace)));
+  }
+  if (options.max_upload_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-upload-bytes: must be >= 0, got ", options.max_upload_bytes));
+  }
+  if (l.max_spec_entries < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-spec-entries: must be >= 1, got ", l.max_spec_entries));
+  }
   if (options.max_regions < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-regions: must be >= 0, got ", options.max_regions));
@@ -75,11 +98,27 @@ AttentionServiceImpl::AttentionServiceImpl(const ServiceOptions& options, Device
   metrics_->SetRegionSource([registry] { return registry->Totals(); });
   ContextStore* store = contexts_.get();
   metrics_->SetContextSource([store] { return store->Totals(); });
+  MemoryTracker* requests = &request_memory_;
+  metrics_->SetRequestBufferSource([requests] { return requests->in_use_bytes(); });
+  upload_budget_ = std::make_unique<UploadBudget>(options.max_upload_bytes, "--max-upload-bytes");
+  watchdog_ = std::make_unique<StreamWatchdog>(StreamWatchdog::PeriodFor(options.streams),
+                                               [this] { TrimIfIdle(); });
+}
+
+void AttentionServiceImpl::TrimIfIdle() {
+  // Request buffers are mmap'ed and unmapped (PlainHostMemory), but gRPC's and protobuf's message
+  // buffers come from malloc: once nothing is in progress, hand the free pages of every arena
+  // back, so a burst of uploads does not leave the process hundreds of MB larger.
+  if (!options_.trim_when_idle || !trim_pending_.load()) return;
+  if (active_calls() != 0) return;
+  trim_pending_.store(false);
+  malloc_trim(0);
 }
 
 AttentionServiceImpl::~AttentionServiceImpl() {
   metrics_->SetRegionSource(nullptr);
   metrics_->SetContextSource(nullptr);
+  metrics_->SetRequestBufferSource(nullptr);
   contexts_->DeleteAll();
   regions_->ReleaseAll();
 }
@@ -92,7 +131,10 @@ void AttentionServiceImpl::CallStarted() {
 void AttentionServiceImpl::CallEnded() {
   std::lock_guard<std::mutex> lock(calls_mu_);
   --active_calls_;
-  if (active_calls_ == 0) calls_cv_.notify_all();
+  if (active_calls_ == 0) {
+    trim_pending_.store(true);
+    calls_cv_.notify_all();
+  }
 }
 
 bool AttentionServiceImpl::WaitForIdle(absl::Time deadline) {

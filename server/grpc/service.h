@@ -21,6 +21,7 @@
 #include "server/regions/region_registry.h"
 #include "server/request_assembler.h"
 #include "server/scheduler.h"
+#include "server/stream_limits.h"
 
 namespace attnserve {
 
@@ -32,6 +33,13 @@ struct ServiceOptions {
   // Contexts (--context-memory-bytes, --context-ttl, --max-contexts). A budget of 0 means half of
   // the devices' memory together.
   ContextStoreOptions contexts;
+  // Idle and minimum-rate limits of Attend and AppendContext streams (--stream-idle-timeout,
+  // --min-upload-rate, --min-upload-grace), checked by one watchdog thread.
+  StreamLimits streams;
+  // Request-buffer bytes all calls in progress may hold together (--max-upload-bytes); 0: no cap.
+  int64_t max_upload_bytes = 0;
+  // Give freed heap memory back to the OS (malloc_trim) whenever the last call in progress ends.
+  bool trim_when_idle = true;
 };
 
 // A context's figures as the wire reports them (ContextStatus).
@@ -86,6 +94,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   int64_t active_calls() const;
   // Bytes of Q/K/V buffers held by calls in progress (uploading, queued or running).
   int64_t request_buffer_bytes() const { return request_memory_.in_use_bytes(); }
+  // Bytes reserved against --max-upload-bytes by calls in progress.
+  int64_t upload_reserved_bytes() const { return upload_budget_->held_bytes(); }
+  // Streams the watchdog is watching (calls in progress).
+  size_t watched_streams() const { return watchdog_->size(); }
   // Drops every region registration (server shutdown); requests still holding leases keep their
   // regions mapped until they end.
   void ReleaseRegions() { regions_->ReleaseAll(); }
@@ -108,6 +120,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // "req-<run>-<n>": <run> is 8 hex digits drawn at random when the service starts, <n> counts
   // this run's requests from 1, so that ids stay unique across restarts.
   std::string NextRequestId();
+  // On the watchdog thread after each round: malloc_trim once the last call has ended.
+  void TrimIfIdle();
 
   ServiceOptions options_;
   DevicePool* const pool_;
@@ -123,6 +137,11 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   mutable std::mutex calls_mu_;
   std::condition_variable calls_cv_;
   int64_t active_calls_ = 0;
+  std::atomic<bool> trim_pending_{false};  // a call ended since the last malloc_trim
+
+  std::unique_ptr<UploadBudget> upload_budget_;
+  // Last: destroyed first, so its thread stops before anything it looks at goes away.
+  std::unique_ptr<StreamWatchdog> watchdog_;
 };
 
 }  // namespace attnserve

@@ -1,0 +1,167 @@
+// One 1 GiB Attend message against a 5 MiB max receive size (--max-chunk-bytes + 1 MiB) and a
+// 64 MiB --grpc-memory-quota-bytes: the call ends with RESOURCE_EXHAUSTED, the server's peak
+// (VmHWM) grows by less than 100 MiB, and its RSS comes back afterwards. gRPC 1.51 would buffer
+// the whole message before refusing it; the quota cuts it off (docs/DESIGN.md "Hostile streams
+// and memory"). The growth is printed. Also: a header with a 10^7-entry CSR.
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attnserve/v1/attnserve.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/server_fixture.h"
+
+namespace attnserve::testing {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// A field of /proc/<pid>/status in bytes ("VmRSS", "VmHWM"); 0 when unreadable.
+int64_t StatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1) * 1024;
+  }
+  return 0;
+}
+
+TEST(OversizedMessageTest, RefusedWithResourceExhaustedAndMemoryComesBack) {
+  ServerOptions options;
+  // The quota is what bounds the oversized message's cost (gRPC buffers it whole otherwise).
+  options.extra_args = {"--max-chunk-bytes=4194304", "--grpc-memory-quota-bytes=67108864",
+                        "--log-level=error"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const pid_t pid = (*server)->process().pid();
+  const int64_t rss_start = StatusBytes(pid, "VmRSS");
+  const int64_t hwm_start = StatusBytes(pid, "VmHWM");
+  ASSERT_GT(rss_start, 0);
+
+  const int64_t message_bytes = 1024 * kMiB;  // 1 GiB: well past the 5 MiB limit
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto channel =
+      grpc::CreateCustomChannel((*server)->target(), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::AttentionService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Attend(&context);
+  v1::AttendRequest header;
+  v1::AttendHeader* h = header.mutable_header();
+  h->set_dtype(v1::DTYPE_F32);
+  h->set_batch(1);
+  h->set_tokens(8192);
+  h->set_q_heads(16);
+  h->set_kv_heads(16);
+  h->set_head_dim(128);
+  h->mutable_spec()->mutable_dense();
+  ASSERT_TRUE(stream->Write(header));
+  {
+    v1::AttendRequest big;
+    big.mutable_chunk()->set_tensor(v1::TENSOR_Q);
+    big.mutable_chunk()->set_offset(0);
+    big.mutable_chunk()->mutable_data()->assign(static_cast<size_t>(message_bytes), '\0');
+    stream->Write(big);  // may fail once the server has refused it
+  }
+  stream->WritesDone();
+  v1::AttendResponse response;
+  while (stream->Read(&response)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  std::printf("status: %d %s\n", static_cast<int>(status.error_code()),
+              status.error_message().c_str());
+
+  const int64_t hwm_growth = StatusBytes(pid, "VmHWM") - hwm_start;
+  std::printf("oversized message of %lld MiB: server VmHWM growth %.1f MiB\n",
+              static_cast<long long>(message_bytes / kMiB), hwm_growth / 1048576.0);
+  EXPECT_LT(hwm_growth, 100 * kMiB) << "the message was buffered past --grpc-memory-quota-bytes";
+
+  // Back to within 64 MiB of the start once the call is gone (trimmed when idle).
+  int64_t rss = StatusBytes(pid, "VmRSS");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (rss > rss_start + 64 * kMiB && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    rss = StatusBytes(pid, "VmRSS");
+  }
+  std::printf("server RSS: start %.1f MiB, after %.1f MiB\n", rss_start / 1048576.0,
+              rss / 1048576.0);
+  EXPECT_LE(rss, rss_start + 64 * kMiB);
+
+  // And it still serves.
+  EXPECT_TRUE((*server)->CheckHealth().ok());
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
+// A header carrying a 10^7-entry CSR (about 10 MB on the wire, 80 MB once parsed): refused with
+// RESOURCE_EXHAUSTED naming --max-spec-entries before the spec is converted, the parsed message
+// freed with the call, and the server's RSS back afterwards. The peak growth is printed.
+TEST(OversizedMessageTest, HugeCsrHeaderRefusedBeforeTheSpecIsConverted) {
+  ServerOptions options;
+  options.extra_args = {"--log-level=error"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const pid_t pid = (*server)->process().pid();
+  const int64_t rss_start = StatusBytes(pid, "VmRSS");
+  const int64_t hwm_start = StatusBytes(pid, "VmHWM");
+
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto channel =
+      grpc::CreateCustomChannel((*server)->target(), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::AttentionService::NewStub(channel);
+  for (int round = 0; round < 3; ++round) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto stream = stub->Attend(&context);
+    v1::AttendRequest header;
+    v1::AttendHeader* h = header.mutable_header();
+    h->set_dtype(v1::DTYPE_BF16);
+    h->set_batch(1);
+    h->set_tokens(262144);  // 4096 blocks of 64: the shape allows 4096^2 col_idx entries
+    h->set_q_heads(1);
+    h->set_kv_heads(1);
+    h->set_head_dim(64);
+    v1::BlockSparse* bs = h->mutable_spec()->mutable_block_sparse();
+    bs->set_block_size(64);
+    v1::Csr* csr = bs->mutable_csr();
+    csr->mutable_col_idx()->Resize(10'000'000, 1);
+    for (int i = 0; i <= 4096; ++i) csr->add_row_ptr(0);
+    EXPECT_GT(header.ByteSizeLong(), 9'000'000u);
+    ASSERT_TRUE(stream->Write(header));
+    stream->WritesDone();
+    v1::AttendResponse response;
+    while (stream->Read(&response)) {
+    }
+    const grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    EXPECT_NE(status.error_message().find("spec.block_sparse.csr.col_idx"), std::string::npos)
+        << status.error_message();
+    EXPECT_NE(status.error_message().find("--max-spec-entries=4194304"), std::string::npos)
+        << status.error_message();
+  }
+  const int64_t hwm_growth = StatusBytes(pid, "VmHWM") - hwm_start;
+  std::printf("10^7-entry CSR header x 3: server VmHWM growth %.1f MiB\n", hwm_growth / 1048576.0);
+  // One parse at a time (80 MB of int64s, plus the repeated field's doubling), never kept.
+  EXPECT_LT(hwm_growth, 256 * kMiB);
+  int64_t rss = StatusBytes(pid, "VmRSS");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (rss > rss_start + 64 * kMiB && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    rss = StatusBytes(pid, "VmRSS");
+  }
+  std::printf("server RSS: start %.1f MiB, after %.1f MiB\n", rss_start / 1048576.0,
+              rss / 1048576.0);
+  EXPECT_LE(rss, rss_start + 64 * kMiB);
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
+}  // namespace
+}  // namespace attnserve::testing
