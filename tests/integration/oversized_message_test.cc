@@ -1,4 +1,4 @@
-// One 1 GiB Attend message against a 5 MiB max receive size (--max-chunk-bytes + 1 MiB) and a
+// One 2 GiB Attend message against a 5 MiB max receive size (--max-chunk-bytes + 1 MiB) and a
 // 64 MiB --grpc-memory-quota-bytes: the call ends with RESOURCE_EXHAUSTED, the server's peak
 // (VmHWM) grows by less than 100 MiB, and its RSS comes back afterwards. gRPC 1.51 would buffer
 // the whole message before refusing it; the quota cuts it off (docs/DESIGN.md "Hostile streams
@@ -9,10 +9,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_fixture.h"
@@ -32,6 +34,82 @@ int64_t StatusBytes(pid_t pid, const std::string& field) {
   return 0;
 }
 
+// One Attend call through the generic stub: `header` (a serialized AttendRequest), then one
+// message of `payload_bytes` zero bytes, then the half-close; responses are read and dropped.
+// Returns the call's status. Every wait is bounded by `timeout`.
+grpc::Status AttendRaw(const std::shared_ptr<grpc::Channel>& channel, const std::string& header,
+                       int64_t payload_bytes, absl::Duration timeout) {
+  static const std::string* const block = new std::string(kMiB, '\0');
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoSeconds(timeout);
+  context.set_deadline(deadline);
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, "/attnserve.v1.AttentionService/Attend", &cq);
+  // Tags: 1 start, 2 write, 3 read, 4 writes done, 5 finish. One write and one read in flight.
+  grpc::ByteBuffer response;
+  bool reading = false;
+  // Waits for `want`, re-arming the read on the way; false when the queue gave up.
+  auto await = [&](intptr_t want, bool* ok_out) {
+    for (;;) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (cq.AsyncNext(&tag, &ok, deadline + std::chrono::seconds(5)) !=
+          grpc::CompletionQueue::GOT_EVENT) {
+        return false;
+      }
+      const intptr_t got = reinterpret_cast<intptr_t>(tag);
+      if (got == 3) {
+        reading = ok;
+        if (ok) call->Read(&response, reinterpret_cast<void*>(3));
+      }
+      if (got == want) {
+        if (ok_out != nullptr) *ok_out = ok;
+        return true;
+      }
+    }
+  };
+  bool ok = false;
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (!await(1, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "start timed out");
+  if (ok) {
+    reading = true;
+    call->Read(&response, reinterpret_cast<void*>(3));
+    grpc::Slice header_slice(header);
+    grpc::ByteBuffer header_buffer(&header_slice, 1);
+    call->Write(header_buffer, reinterpret_cast<void*>(2));
+    if (!await(2, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "write timed out");
+  }
+  if (ok) {
+    std::vector<grpc::Slice> slices;
+    for (int64_t sent = 0; sent < payload_bytes; sent += kMiB) {
+      slices.emplace_back(block->data(), static_cast<size_t>(std::min(kMiB, payload_bytes - sent)),
+                          grpc::Slice::STATIC_SLICE);
+    }
+    grpc::ByteBuffer payload(slices.data(), slices.size());
+    call->Write(payload, reinterpret_cast<void*>(2));  // fails once the server has refused it
+    if (!await(2, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "write timed out");
+  }
+  if (ok) {
+    call->WritesDone(reinterpret_cast<void*>(4));
+    if (!await(4, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "half-close timed out");
+  }
+  // Once a write fails the call is over; the status arrives with Finish (a read still pending
+  // then completes with false).
+  while (ok && reading) {
+    if (!await(3, nullptr)) return grpc::Status(grpc::StatusCode::INTERNAL, "read timed out");
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  if (!await(5, nullptr)) return grpc::Status(grpc::StatusCode::INTERNAL, "finish timed out");
+  cq.Shutdown();
+  void* tag = nullptr;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
 TEST(OversizedMessageTest, RefusedWithResourceExhaustedAndMemoryComesBack) {
   ServerOptions options;
   // The quota is what bounds the oversized message's cost (gRPC buffers it whole otherwise).
@@ -44,15 +122,14 @@ TEST(OversizedMessageTest, RefusedWithResourceExhaustedAndMemoryComesBack) {
   const int64_t hwm_start = StatusBytes(pid, "VmHWM");
   ASSERT_GT(rss_start, 0);
 
-  const int64_t message_bytes = 1024 * kMiB;  // 1 GiB: well past the 5 MiB limit
+  // 2 GiB: past the 5 MiB limit by 400x, and as large as a gRPC length prefix can carry in its
+  // signed range. The client sends raw bytes through the generic stub: the payload is 2048 views
+  // of one 1 MiB block, so this process never holds 2 GiB either.
+  constexpr int64_t kMessageBytes = 2048 * kMiB;
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);
   auto channel =
       grpc::CreateCustomChannel((*server)->target(), grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::AttentionService::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto stream = stub->Attend(&context);
   v1::AttendRequest header;
   v1::AttendHeader* h = header.mutable_header();
   h->set_dtype(v1::DTYPE_F32);
@@ -62,26 +139,15 @@ TEST(OversizedMessageTest, RefusedWithResourceExhaustedAndMemoryComesBack) {
   h->set_kv_heads(16);
   h->set_head_dim(128);
   h->mutable_spec()->mutable_dense();
-  ASSERT_TRUE(stream->Write(header));
-  {
-    v1::AttendRequest big;
-    big.mutable_chunk()->set_tensor(v1::TENSOR_Q);
-    big.mutable_chunk()->set_offset(0);
-    big.mutable_chunk()->mutable_data()->assign(static_cast<size_t>(message_bytes), '\0');
-    stream->Write(big);  // may fail once the server has refused it
-  }
-  stream->WritesDone();
-  v1::AttendResponse response;
-  while (stream->Read(&response)) {
-  }
-  const grpc::Status status = stream->Finish();
+  const grpc::Status status =
+      AttendRaw(channel, header.SerializeAsString(), kMessageBytes, absl::Seconds(120));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   std::printf("status: %d %s\n", static_cast<int>(status.error_code()),
               status.error_message().c_str());
 
   const int64_t hwm_growth = StatusBytes(pid, "VmHWM") - hwm_start;
   std::printf("oversized message of %lld MiB: server VmHWM growth %.1f MiB\n",
-              static_cast<long long>(message_bytes / kMiB), hwm_growth / 1048576.0);
+              static_cast<long long>(kMessageBytes / kMiB), hwm_growth / 1048576.0);
   EXPECT_LT(hwm_growth, 100 * kMiB) << "the message was buffered past --grpc-memory-quota-bytes";
 
   // Back to within 64 MiB of the start once the call is gone (trimmed when idle).
