@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 #include <variant>
 
@@ -12,22 +14,68 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "core/util/json.h"
+#include "core/util/log_safe.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "grpc/grpc.h"
+#include "server/grpc/call_outcome.h"
+#include "server/request_log.h"
+#include "spdlog/spdlog.h"
 #include "wire/convert.h"
 #include "wire/status.h"
-#include "spdlog/spdlog.h"
 
 namespace attnserve {
 namespace {
 
-constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(100);
+// Left in chunk.offset of the request message before each read (no client sends it: offsets
+// below 0 are refused). Deserialising a message clears the whole message first, even when its
+// bytes then fail to parse, so a failed read that leaves the marker in place received no message.
+constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
 
-// A gRPC deadline as an absl::Time (no deadline: InfiniteFuture).
-absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
-  const auto deadline = context.deadline();
-  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365 * 100)) {
-    return absl::InfiniteFuture();
+// The first string field of `m` (depth first, as "header.request_id") that is not valid UTF-8,
+// or "". Parsing stops at such a field with the bad bytes already stored, so after a failed
+// parse this finds the field that failed it.
+std::string FindInvalidUtf8(const google::protobuf::Message& m, const std::string& prefix) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (f->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < r->FieldSize(m, f); ++i) {
+          if (!IsValidUtf8(r->GetRepeatedString(m, f, i))) return absl::StrCat(path, "[", i, "]");
+        }
+      } else if (!IsValidUtf8(r->GetString(m, f))) {
+        return path;
+      }
+    } else if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < r->FieldSize(m, f); ++i) {
+          std::string bad =
+              FindInvalidUtf8(r->GetRepeatedMessage(m, f, i), absl::StrCat(path, "[", i, "]"));
+          if (!bad.empty()) return bad;
+        }
+      } else {
+        std::string bad = FindInvalidUtf8(r->GetMessage(m, f), path);
+        if (!bad.empty()) return bad;
+      }
+    }
   }
-  return absl::FromChrono(deadline);
+  return "";
+}
+
+// The status of a request message that arrived but could not be parsed; `partial` is what the
+// parser had filled in when it stopped.
+absl::Status UnparseableMessage(const v1::AttendRequest& partial) {
+  const std::string bad = FindInvalidUtf8(partial, "");
+  if (!bad.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bad, ": not valid UTF-8 (protobuf string fields must be UTF-8; send raw bytes as bytes)"));
+  }
+  return absl::InvalidArgumentError(
+      "request message: not a valid AttendRequest (truncated or malformed protobuf bytes)");
 }
 
 std::string SpecSummary(const AttentionSpec& spec) {
@@ -64,9 +112,7 @@ class AttentionServiceImpl::AttendReactor final
         final_ = absl::UnavailableError("server is draining");
         a = FinishIfReadyLocked();
       } else {
-        reading_ = true;
-        a.read = true;
-        ++starting_;
+        a.read = ArmReadLocked();
       }
     }
     Execute(a);
@@ -79,16 +125,47 @@ class AttentionServiceImpl::AttendReactor final
     {
       std::lock_guard<std::mutex> lock(mu_);
       reading_ = false;
-      if (final_) {
+      // A failed read: a message that did not parse, the client's half-close, or gRPC ending the
+      // call (then whether the stream failed before a message tells a cancel from a message
+      // gRPC dropped).
+      const bool marker_intact = request_.chunk().offset() == kUnreadMarker;
+      const bool failed_before_message =
+          !ok && grpc_call_failed_before_recv_message(context_->c_call()) != 0;
+      if (!ok) {
+        spdlog::debug(
+            "call {}: attend read ended: marker_intact={} cancelled={}/{} "
+            "failed_before_recv_message={}",
+            LogValue(LoggedIdLocked(), 128), marker_intact, cancelled_, context_->IsCancelled(),
+            failed_before_message);
+      }
+      if (!ok && cancelled_) {
+        // OnCancel ran while this read was in flight and its outcome waited for this read: a
+        // read that failed without the stream failing first is a message gRPC received and
+        // dropped (no parse was tried), which it only does for one above the max receive size.
+        if (!failed_before_message && marker_intact && stage_ == Stage::kReceiving) {
+          oversized_message_ = true;
+          if (!finished_) final_ = EndedByGrpc(*context_, CallEndLocked());
+        }
+      } else if (final_) {
         // An outcome is already decided; nothing more to read.
       } else if (!ok) {
-        // The client half-closed (or the call is going away). Before the job is submitted this
-        // means input is missing.
-        if (context_->IsCancelled()) {
-          // OnCancel decides the outcome.
+        if (!marker_intact) {
+          // A message arrived and failed to parse. gRPC leaves the call open: our status is the
+          // client's. The id is logged when the header got that far.
+          if (!assembler_.has_header() && request_.header().request_id().size() > 0) {
+            client_id_ = request_.header().request_id();
+          }
+          final_ = UnparseableMessage(request_);
+        } else if (context_->IsCancelled()) {
+          // gRPC ended the call; OnCancel (next) decides.
+          if (!failed_before_message && stage_ == Stage::kReceiving) oversized_message_ = true;
         } else if (stage_ == Stage::kReceiving) {
           absl::Status s = assembler_.Complete();
           final_ = s.ok() ? absl::InternalError("request complete but not submitted") : s;
+          // The client's half-close, or a message gRPC dropped for its size whose cancel has not
+          // reached this call yet: both look the same here. Only OnDone knows (the call is then
+          // cancelled, and our status never left), so the outcome is recorded there.
+          if (!failed_before_message) record_at_done_ = true;
         } else {
           // The request's half-close. OK is only sent after it, so that anything the client sends
           // after the last input byte is always seen and refused, however fast the job ran.
@@ -138,16 +215,12 @@ class AttentionServiceImpl::AttendReactor final
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
-      if (!final_) {
-        // A client whose deadline passes cancels the stream itself, often a little before the
-        // server's copy of the deadline (which starts when the headers arrive) expires: a cancel
-        // that close to the deadline is the deadline.
-        final_ = absl::Now() + kDeadlineSlack >= DeadlineOf(*context_)
-                     ? absl::DeadlineExceededError(
-                           absl::StrCat("deadline exceeded while ", StageName(stage_)))
-                     : absl::CancelledError(
-                           absl::StrCat("cancelled by the client while ", StageName(stage_)));
-      }
+      spdlog::debug("call {}: attend cancelled: reading={} decided={}",
+                    LogValue(LoggedIdLocked(), 128), reading_, final_.has_value());
+      // Whatever the server decided, gRPC ended the call: the client got gRPC's status. With a
+      // read in flight, the call finishes only after it (FinishIfReadyLocked), which may still
+      // find the cause was an oversized message.
+      if (!finished_) final_ = EndedByGrpc(*context_, CallEndLocked());
       to_cancel = CancelJobLocked();
       a = FinishIfReadyLocked();
     }
@@ -160,24 +233,16 @@ class AttentionServiceImpl::AttendReactor final
   }
 
   void OnDone() override {
-    const absl::Status status = final_.value_or(absl::UnknownError("finished without an outcome"));
-    const grpc::StatusCode code = ToGrpcStatus(status).error_code();
-    if (!recorded_) RecordOutcome(code);
-    const double total = absl::ToDoubleSeconds(absl::Now() - start_);
-    const AttentionShape& sh = assembler_.shape();
-    const std::string line = absl::StrFormat(
-        "attend id=%s shape=[%d, %d, %d/%d, %d] %s spec=%s code=%s receive=%.3fs queue=%.3fs "
-        "compute=%.3fs (copy=%.4fs kernel=%.4fs) total=%.3fs devices=%s%s%s",
-        request_id_.empty() ? "-" : request_id_, sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
-        sh.head_dim, assembler_.has_header() ? std::string(DTypeName(assembler_.dtype())) : "-",
-        assembler_.has_header() ? SpecSummary(assembler_.spec()) : "-", GrpcCodeName(code),
-        receive_seconds_, queue_seconds_, compute_seconds_, copy_seconds_, kernel_seconds_, total,
-        devices_.empty() ? "-" : absl::StrJoin(devices_, ","),
-        status.ok() ? "" : " error=", status.ok() ? "" : std::string(status.message()));
-    if (status.ok()) {
-      spdlog::info(line);
-    } else {
-      spdlog::warn(line);
+    if (!recorded_) {
+      // Finish never ran (gRPC ended the call: OnCancel set final_ then, as it does on every
+      // path that skips Finish), or the outcome waited for this point (record_at_done_).
+      absl::Status status =
+          final_.value_or(absl::UnknownError("the call ended without an outcome"));
+      if (record_at_done_ && context_->IsCancelled()) {
+        oversized_message_ = true;
+        status = EndedByGrpc(*context_, CallEndLocked());
+      }
+      RecordOutcome(ToGrpcStatus(status));
     }
     AttentionServiceImpl* service = service_;
     delete this;  // releases the request and response buffers
@@ -229,6 +294,11 @@ class AttentionServiceImpl::AttendReactor final
   void OnMessageLocked(Actions* a) {
     if (request_.has_chunk()) {
       service_->metrics_->AddReceivedBytes(static_cast<int64_t>(request_.chunk().data().size()));
+      received_bytes_ += static_cast<int64_t>(request_.chunk().data().size());
+    }
+    if (request_.has_header() && !assembler_.has_header()) {
+      // Kept before validation, so that a refused header is logged with the id it carried.
+      client_id_ = request_.header().request_id();
     }
     if (absl::Status s = assembler_.Add(request_); !s.ok()) {
       final_ = s;
@@ -270,9 +340,33 @@ class AttentionServiceImpl::AttendReactor final
       }
     }
     // Keep one read in flight: more chunks, the half-close, or a stray extra message.
+    a->read = ArmReadLocked();
+  }
+
+  // Marks the request message (kUnreadMarker) and counts the read about to start.
+  bool ArmReadLocked() {
+    request_.Clear();
+    request_.mutable_chunk()->set_offset(kUnreadMarker);
     reading_ = true;
     ++starting_;
-    a->read = true;
+    return true;
+  }
+
+  CallEnd CallEndLocked() const {
+    CallEnd end;
+    end.server_stopping = service_->stopping();
+    end.oversized_message = oversized_message_;
+    end.stage = StageName(stage_);
+    return end;
+  }
+
+  // The id the log shows: the echoed one (the client's, or one made up for an empty id), else
+  // the one a refused header carried, else "-".
+  const std::string& LoggedIdLocked() const {
+    static const std::string* const kNone = new std::string("-");
+    if (!request_id_.empty()) return request_id_;
+    if (!client_id_.empty()) return client_id_;
+    return *kNone;
   }
 
   // From a worker (or the scheduler) thread, exactly once per submitted job.
@@ -377,6 +471,7 @@ class AttentionServiceImpl::AttendReactor final
       c->set_offset(offset);
       c->set_data(reinterpret_cast<const char*>(base + offset), static_cast<size_t>(n));
       send_offset_ += n;
+      sent_bytes_ += n;
       service_->metrics_->AddSentBytes(n);
     }
     write_in_flight_ = true;
@@ -388,18 +483,25 @@ class AttentionServiceImpl::AttendReactor final
   Actions FinishIfReadyLocked() {
     Actions a;
     if (!final_ || finished_ || write_in_flight_ || job_outstanding_ || starting_ > 0) return a;
+    // A cancelled call waits for its read in flight: its failure tells the cause (OnReadDone).
+    if (cancelled_ && reading_) return a;
     finished_ = true;
     a.finish = ToGrpcStatus(*final_);
-    // Counted before the status goes out, so a caller that sees its status and then scrapes
-    // /metrics finds its call counted.
-    RecordOutcome(a.finish->error_code());
+    // Counted and logged before the status goes out, so a caller that sees its status and then
+    // scrapes /metrics (or reads the log) finds its call there.
+    if (!record_at_done_) RecordOutcome(*a.finish);
     return a;
   }
 
-  // The request counters of this call: exactly once, at Finish (or at OnDone if it never came).
-  void RecordOutcome(grpc::StatusCode code) {
+  // The one place a call's outcome is counted (attnserve_requests_total{code}) and logged (the
+  // request line): exactly once, at Finish (or at OnDone if it never came), with the status the
+  // client received. Every path that ends a call sets final_ to that status (see OnCancel and
+  // call_outcome.h for the ones gRPC ends).
+  void RecordOutcome(const grpc::Status& status) {
     recorded_ = true;
+    const grpc::StatusCode code = status.error_code();
     const double total = absl::ToDoubleSeconds(absl::Now() - start_);
+    LogRequestLine(status, total);
     service_->metrics_->RecordRequest(code, total);
     service_->metrics_->AddInflight(-1);
     if (code == grpc::StatusCode::OK) {
@@ -412,6 +514,34 @@ class AttentionServiceImpl::AttendReactor final
       s.send = std::max(0.0, total - receive_seconds_ - queue_seconds_ - compute_seconds_);
       service_->metrics_->RecordStages(s);
     }
+  }
+
+  // The request line (server/README.md "Logs"): client-supplied text sanitized by LogEvent.
+  void LogRequestLine(const grpc::Status& status, double total) const {
+    LogEvent e("attend");
+    e.Custom("id", LogValue(LoggedIdLocked(), kMaxRequestIdBytes), "request_id",
+             JsonQuote(SanitizeForLog(LoggedIdLocked(), kMaxRequestIdBytes)));
+    e.Custom("code", GrpcCodeName(status.error_code()), "code",
+             JsonQuote(GrpcCodeName(status.error_code())));
+    if (assembler_.has_header()) {
+      const AttentionShape& sh = assembler_.shape();
+      e.Custom("shape",
+               absl::StrFormat("[%d,%d,%d/%d,%d]", sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
+                               sh.head_dim),
+               "shape",
+               absl::StrFormat("[%d,%d,%d,%d,%d]", sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
+                               sh.head_dim));
+      e.Str("dtype", DTypeName(assembler_.dtype()));
+      e.Str("spec", SpecSummary(assembler_.spec()));
+      if (!assembler_.header().context().empty()) e.Str("context", assembler_.header().context());
+    }
+    e.Int("bytes_in", received_bytes_).Int("bytes_out", sent_bytes_);
+    e.Seconds("receive", receive_seconds_).Seconds("queue", queue_seconds_);
+    e.Seconds("compute", compute_seconds_).Seconds("copy", copy_seconds_);
+    e.Seconds("kernel", kernel_seconds_).Seconds("total", total);
+    e.Str("devices", devices_.empty() ? "-" : absl::StrJoin(devices_, ","));
+    if (!status.ok()) e.Str("error", status.error_message(), 1024);
+    e.Log(status.ok() ? spdlog::level::info : spdlog::level::warn);
   }
 
   // Runs the decided operations outside mu_. Nothing touches `this` after Finish.
@@ -439,7 +569,12 @@ class AttentionServiceImpl::AttendReactor final
   RequestAssembler assembler_;
   v1::AttendRequest request_;    // target of the read in flight
   v1::AttendResponse response_;  // source of the write in flight
-  std::string request_id_;
+  std::string request_id_;       // echoed in the response: the client's (valid) id or one made up
+  std::string client_id_;        // the id a header carried, as sent (logged when refused)
+  bool oversized_message_ = false;  // gRPC refused a message above its max receive size
+  bool record_at_done_ = false;     // the outcome is only known at OnDone (see OnReadDone)
+  int64_t received_bytes_ = 0;      // chunk payload bytes
+  int64_t sent_bytes_ = 0;
   std::shared_ptr<Job> job_;  // while submitted
   bool job_outstanding_ = false;
   bool reading_ = false;

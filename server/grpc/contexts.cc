@@ -3,14 +3,21 @@
 // string today: one namespace per server.
 #include <array>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/util/json.h"
+#include "core/util/log_safe.h"
 #include "core/util/status_macros.h"
+#include "grpc/grpc.h"
+#include "server/grpc/call_outcome.h"
 #include "server/grpc/service.h"
+#include "server/request_log.h"
 #include "spdlog/spdlog.h"
 #include "wire/convert.h"
 #include "wire/status.h"
@@ -63,33 +70,79 @@ class AttentionServiceImpl::AppendReactor final
  public:
   AppendReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context,
                 v1::AppendContextResponse* response)
-      : service_(service), context_(context), response_(response) {
+      : service_(service), context_(context), response_(response), start_(absl::Now()) {
     service_->CallStarted();
     if (service_->draining()) {
-      Finish(ToGrpcStatus(absl::UnavailableError("server is draining")));
+      End(absl::UnavailableError("server is draining"));
       return;
     }
-    StartRead(&request_);
+    Read();
   }
 
   void OnReadDone(bool ok) override {
-    // !ok: the client half-closed (or the call broke: then Finish goes nowhere).
-    absl::Status s = ok ? Add() : Commit();
+    absl::Status s;
+    if (ok) {
+      s = Add();
+    } else if (request_.chunk().offset() != kUnreadMarker) {
+      // A message arrived but did not parse (see attend_reactor.cc); gRPC leaves the call open.
+      if (!has_header_) name_ = request_.header().context();
+      s = absl::InvalidArgumentError(
+          "request message: not a valid AppendContextRequest (truncated or malformed protobuf "
+          "bytes, or a string field that is not UTF-8)");
+    } else {
+      // The client half-closed, or gRPC ended the call (then Finish goes nowhere and OnDone
+      // logs gRPC's status instead). A read that failed without the stream failing first, on a
+      // call gRPC ended, was a message gRPC dropped for its size.
+      read_dropped_ = grpc_call_failed_before_recv_message(context_->c_call()) == 0;
+      s = context_->IsCancelled() ? absl::CancelledError("cancelled") : Commit();
+    }
     if (!ok || !s.ok()) {
-      if (!s.ok()) spdlog::warn("append context '{}': {}", name_, s.ToString());
-      Finish(ToGrpcStatus(s));
+      End(s);
       return;
     }
-    StartRead(&request_);
+    Read();
   }
 
   void OnDone() override {
+    // What the client received: ours, unless gRPC ended the call first (it is then cancelled,
+    // and our status never left).
+    absl::Status status = status_;
+    if (context_->IsCancelled()) {
+      CallEnd end;
+      end.server_stopping = service_->stopping();
+      end.oversized_message = read_dropped_;
+      end.stage = "receiving the rows";
+      status = EndedByGrpc(*context_, end);
+    }
+    LogEvent e("append_context");
+    e.Str("context", name_.empty() ? "-" : name_, 128);
+    e.Custom("code", GrpcCodeName(ToGrpcStatus(status).error_code()), "code",
+             JsonQuote(GrpcCodeName(ToGrpcStatus(status).error_code())));
+    e.Int("rows", tokens_).Int("bytes_in", received_bytes_);
+    e.Seconds("total", absl::ToDoubleSeconds(absl::Now() - start_));
+    if (!status.ok()) e.Str("error", std::string(status.message()), 1024);
+    e.Log(status.ok() ? spdlog::level::info : spdlog::level::warn);
     AttentionServiceImpl* service = service_;
     delete this;  // frees the staged rows
     service->CallEnded();
   }
 
  private:
+  // See attend_reactor.cc: a failed read that leaves this in chunk.offset received no message.
+  static constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
+
+  void Read() {
+    request_.Clear();
+    request_.mutable_chunk()->set_offset(kUnreadMarker);
+    StartRead(&request_);
+  }
+
+  // Finishes the call with `status`; OnDone logs the outcome.
+  void End(const absl::Status& status) {
+    status_ = status;
+    Finish(ToGrpcStatus(status));
+  }
+
   absl::Status Add() {
     if (request_.has_header()) return AddHeader(request_.header());
     if (request_.has_chunk()) return AddChunk(request_.chunk());
@@ -168,6 +221,7 @@ class AttentionServiceImpl::AppendReactor final
           ") overlap bytes [", overlap.first, ", ", overlap.second, ") received before"));
     }
     if (size > 0) std::memcpy(tensors_[i].data() + chunk.offset(), chunk.data().data(), size);
+    received_bytes_ += size;
     return absl::OkStatus();
   }
 
@@ -199,6 +253,10 @@ class AttentionServiceImpl::AppendReactor final
   std::array<HostTensor, 2> tensors_;
   std::array<ByteRangeSet, 2> received_;
   std::array<bool, 2> from_region_{};
+  int64_t received_bytes_ = 0;
+  const absl::Time start_;
+  absl::Status status_;        // what End finished the call with
+  bool read_dropped_ = false;  // the last read failed without the stream failing first
 };
 
 grpc::ServerReadReactor<v1::AppendContextRequest>* AttentionServiceImpl::AppendContext(
@@ -225,11 +283,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
   config.ttl = absl::Seconds(request->ttl_seconds());
   absl::StatusOr<ContextInfo> info = contexts_->CreateContext(OwnerOf(*context), config);
   if (!info.ok()) {
-    spdlog::warn("create context '{}': {}", request->name(), info.status().ToString());
+    spdlog::warn("create context {}: {}", LogValue(request->name(), 128),
+                 SanitizeForLog(info.status().ToString(), 1024));
     return FinishWith(context, info.status());
   }
-  spdlog::info("create context '{}' on {}: {} bytes reserved{}", config.name, info->device,
-               info->bytes,
+  spdlog::info("create context {} on {}: {} bytes reserved{}", LogValue(config.name, 128),
+               info->device, info->bytes,
                info->shards.size() > 1 ? absl::StrCat(" in ", info->shards.size(), " shards") : "");
   ContextStatusToProto(*info, response->mutable_context());
   return FinishWith(context, absl::OkStatus());
@@ -248,7 +307,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteContext(
     v1::DeleteContextResponse* response) {
   absl::StatusOr<int64_t> in_use = contexts_->Delete(OwnerOf(*context), request->name());
   if (in_use.ok()) {
-    spdlog::info("delete context '{}'{}", request->name(),
+    spdlog::info("delete context {}{}", LogValue(request->name(), 128),
                  *in_use > 0 ? absl::StrCat(": ", *in_use, " request(s) still use it") : "");
     response->set_in_use(*in_use);
   }

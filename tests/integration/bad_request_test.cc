@@ -1,24 +1,35 @@
 // Malformed Attend streams sent with the raw generated stub: each gets the right gRPC code and a
-// message naming the field, the server stays up, and afterwards its memory and in-flight gauges
-// are back at their baseline and a good request still matches the reference.
+// message naming the field, its log line says that code and the id it sent, the server stays
+// up, and afterwards its memory and in-flight gauges are back at their baseline and a good
+// request still matches the reference. Hostile request ids cannot forge or flood log lines, and
+// the JSON log format parses.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
 #include "client/attn_client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_fixture.h"
+#include "wire/status.h"
 
 namespace attnserve::testing {
 namespace {
@@ -343,6 +354,60 @@ std::vector<BadCase> BadCases() {
   return cases;
 }
 
+// The whole server log (ChildProcess::Log reads a tail; this tail is everything these tests make).
+constexpr size_t kWholeLog = size_t{64} << 20;
+
+// The text-format request lines ("... [warning] attend id=... code=...") of a server log.
+std::vector<std::string> AttendLines(const std::string& log) {
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "] attend ")) out.emplace_back(line);
+  }
+  return out;
+}
+
+// The key=value fields of a text request line, left to right (the first of a repeated key wins):
+// a value is a bare token or double-quoted (returned without its quotes, escapes as written).
+std::map<std::string, std::string> LineFields(const std::string& line) {
+  std::map<std::string, std::string> out;
+  size_t i = line.find("] attend ");
+  if (i == std::string::npos) return out;
+  i += 9;
+  while (i < line.size()) {
+    const size_t eq = line.find('=', i);
+    if (eq == std::string::npos) break;
+    const std::string key = line.substr(i, eq - i);
+    std::string value;
+    size_t j = eq + 1;
+    if (j < line.size() && line[j] == '"') {
+      for (++j; j < line.size() && line[j] != '"'; ++j) {
+        if (line[j] == '\\' && j + 1 < line.size()) value += line[j++];
+        value += line[j];
+      }
+      ++j;  // the closing quote
+    } else {
+      const size_t end = std::min(line.find(' ', j), line.size());
+      value = line.substr(j, end - j);
+      j = end;
+    }
+    out.emplace(key, value);
+    i = j + 1;  // past the space
+  }
+  return out;
+}
+
+// Waits (up to 10 s) until the log holds more than `before` request lines and returns them all.
+std::vector<std::string> WaitForAttendLines(ServerProcess& server, size_t before) {
+  std::vector<std::string> lines;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  do {
+    lines = AttendLines(server.process().Log(kWholeLog));
+    if (lines.size() > before) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < give_up);
+  return lines;
+}
+
 struct RawOutcome {
   grpc::Status status;
   int responses = 0;
@@ -379,7 +444,7 @@ class BadRequestTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ServerOptions options;
-    options.extra_args = {absl::StrCat("--max_chunk_bytes=", kMaxChunkBytes),
+    options.extra_args = {"--log-level=debug", absl::StrCat("--max_chunk_bytes=", kMaxChunkBytes),
                           absl::StrCat("--chunk_bytes=", kMaxChunkBytes / 4)};
     absl::StatusOr<std::unique_ptr<ServerProcess>> s = ServerProcess::Start(options);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -418,8 +483,16 @@ TEST_F(BadRequestTest, EveryMalformedStreamIsRefusedAndTheServerRecovers) {
 
   const std::vector<BadCase> cases = BadCases();
   ASSERT_GE(cases.size(), 20u);
-  for (const BadCase& c : cases) {
+  for (BadCase c : cases) {
     SCOPED_TRACE(c.name);
+    // Each case's headers carry its own id; the log line must show it, or "-" when the server
+    // refused the stream before it read a header.
+    const std::string id = "bad-" + c.name;
+    for (v1::AttendRequest& m : c.messages) {
+      if (m.has_header()) m.mutable_header()->set_request_id(id);
+    }
+    const std::string logged_id = c.messages.front().has_header() ? id : "-";
+    const size_t lines_before = AttendLines(server_->process().Log(kWholeLog)).size();
     const absl::Time start = absl::Now();
     const RawOutcome out = SendRaw(stub_.get(), c);
     std::printf("%-36s -> %s: %s (%.3f s)\n", c.name.c_str(),
@@ -433,6 +506,11 @@ TEST_F(BadRequestTest, EveryMalformedStreamIsRefusedAndTheServerRecovers) {
     if (!c.may_respond) {
       EXPECT_EQ(out.responses, 0);
     }
+    const std::vector<std::string> lines = WaitForAttendLines(*server_, lines_before);
+    ASSERT_EQ(lines.size(), lines_before + 1) << "one request line per call:\n" << server_->Log();
+    std::map<std::string, std::string> fields = LineFields(lines.back());
+    EXPECT_EQ(fields["id"], logged_id) << lines.back();
+    EXPECT_EQ(fields["code"], GrpcCodeName(out.status.error_code())) << lines.back();
     ASSERT_TRUE(server_->Running()) << "attnserve died on case " << c.name << ":\n"
                                     << server_->Log();
     absl::Status health = server_->CheckHealth();
@@ -505,6 +583,250 @@ TEST_F(BadRequestTest, ClientSurfacesServerErrorMidUpload) {
   EXPECT_NE(result.status().message().find("spec.dilated.dilation_rates[0]"), std::string::npos)
       << result.status();
   EXPECT_LT(sent, total) << "the whole upload was sent before the error surfaced";
+}
+
+// An Attend call carrying raw message bytes, which the generated stub cannot send (truncated
+// protobuf, a string field that is not UTF-8), then the half-close; the call's final status.
+grpc::Status SendBytes(const std::shared_ptr<grpc::Channel>& channel,
+                       const std::vector<std::string>& messages, absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const grpc::internal::RpcMethod method("/attnserve.v1.AttentionService/Attend",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), method, &context));
+  for (const std::string& m : messages) {
+    grpc::Slice slice(m);
+    grpc::ByteBuffer buffer(&slice, 1);
+    if (!stream->Write(buffer)) break;
+  }
+  stream->WritesDone();
+  grpc::ByteBuffer response;
+  while (stream->Read(&response)) {
+  }
+  return stream->Finish();
+}
+
+// A serialized AttendRequest whose header.request_id holds `id` as is (proto3 strings must be
+// UTF-8; this writes the bytes without checking): field 1 (header), field 1 (request_id).
+std::string HeaderBytesWithId(const std::string& id) {
+  EXPECT_LT(id.size(), 100u);
+  std::string header = "\x0a";
+  header += static_cast<char>(id.size());
+  header += id;
+  std::string request = "\x0a";
+  request += static_cast<char>(header.size());
+  return request + header;
+}
+
+struct HostileCase {
+  std::string name;
+  grpc::StatusCode code;
+  std::string message;    // the client's error message names this
+  std::string logged_id;  // the log line's id starts with this
+  std::function<grpc::Status()> send;
+};
+
+// Request ids that try to start a new log line or flood one, and streams that fail below the
+// message level (bytes that do not parse, a message above gRPC's size limit): each is refused
+// with a status naming the rule, logged once with the code the client got, and the log holds
+// no forged line and no line longer than a few KiB.
+TEST_F(BadRequestTest, HostileRequestsCannotForgeOrFloodTheLog) {
+  const std::string forged = "[2026-01-01 00:00:00.000] [info] attend id=forged code=OK";
+  const auto header_only = [&](const std::string& id) {
+    return [this, id] {
+      v1::AttendHeader h = GoodHeader();
+      h.set_request_id(id);
+      BadCase c{"", {HeaderMsg(h)}, grpc::StatusCode::OK, ""};
+      return SendRaw(stub_.get(), c).status;
+    };
+  };
+  const auto ia = grpc::StatusCode::INVALID_ARGUMENT;
+  std::vector<HostileCase> cases;
+  cases.push_back({"newline_in_id", ia, "header.request_id: must be printable ASCII",
+                   "evil\\x0a[2026-01-01", header_only("evil\n" + forged)});
+  cases.push_back({"crlf_and_escape_in_id", ia, "header.request_id: must be printable ASCII",
+                   "x\\x0d\\x0a\\x1b[2J", header_only("x\r\n\x1b[2J\n" + forged)});
+  const std::string huge_id = std::string(1 << 20, 'A') + "\n" + forged;
+  cases.push_back({"one_mib_id", ia, "header.request_id: must be at most 128 bytes",
+                   absl::StrCat(std::string(128, 'A'), "...(", huge_id.size(), " bytes)"),
+                   header_only(huge_id)});
+  cases.push_back(
+      {"id_not_utf8", ia, "header.request_id: not valid UTF-8", "bad\\xff\\xfeid", [this] {
+         return SendBytes(channel_, {HeaderBytesWithId("bad\xff\xfeid")}, absl::Seconds(30));
+       }});
+  // The parser got as far as the id before the bytes ran out: the line shows it.
+  cases.push_back({"truncated_protobuf", ia, "request message: not a valid AttendRequest",
+                   "bad-request-test", [this] {
+                     std::string bytes = HeaderMsg(GoodHeader()).SerializeAsString();
+                     bytes.resize(bytes.size() - 3);
+                     return SendBytes(channel_, {bytes}, absl::Seconds(30));
+                   }});
+  cases.push_back(
+      {"chunk_above_grpc_limit", grpc::StatusCode::RESOURCE_EXHAUSTED, "larger than max",
+       "too-large", [this] {
+         // gRPC's own limit is --max-chunk-bytes + 1 MiB: 3 MiB is above it.
+         v1::AttendHeader h = GoodHeader();
+         h.set_request_id("too-large");
+         h.set_tokens(32768);  // q is 8 MiB
+         BadCase c{
+             "", {HeaderMsg(h), ChunkMsg(v1::TENSOR_Q, 0, 3 << 20)}, grpc::StatusCode::OK, ""};
+         return SendRaw(stub_.get(), c).status;
+       }});
+  // A printable id may hold spaces and '=': the line quotes it, so it cannot pose as fields.
+  cases.push_back({"id_posing_as_fields", grpc::StatusCode::OK, "", "x code=CANCELLED y", [this] {
+                     BadCase c{"", WithHeader([](v1::AttendHeader& h) {
+                                 h.set_request_id("x code=CANCELLED y");
+                               }),
+                               grpc::StatusCode::OK, ""};
+                     return SendRaw(stub_.get(), c).status;
+                   }});
+
+  for (const HostileCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const size_t before = AttendLines(server_->process().Log(kWholeLog)).size();
+    const grpc::Status status = c.send();
+    std::printf("%-24s -> %s: %.200s\n", c.name.c_str(), GrpcCodeName(status.error_code()).c_str(),
+                status.error_message().c_str());
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_NE(status.error_message().find(c.message), std::string::npos)
+        << "message \"" << status.error_message() << "\" does not say \"" << c.message << "\"";
+    EXPECT_LT(status.error_message().size(), 4096u);
+    const std::vector<std::string> lines = WaitForAttendLines(*server_, before);
+    ASSERT_EQ(lines.size(), before + 1) << server_->Log();
+    std::map<std::string, std::string> fields = LineFields(lines.back());
+    EXPECT_TRUE(absl::StartsWith(fields["id"], c.logged_id)) << lines.back();
+    EXPECT_EQ(fields["code"], GrpcCodeName(status.error_code())) << lines.back();
+    ASSERT_TRUE(server_->Running()) << server_->Log();
+  }
+
+  const std::string log = server_->process().Log(kWholeLog);
+  size_t longest = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    longest = std::max(longest, line.size());
+    EXPECT_FALSE(absl::StartsWith(line, "[2026-01-01")) << "forged line: " << line;
+    EXPECT_FALSE(absl::StartsWith(line, "x code=")) << "forged line: " << line;
+  }
+  EXPECT_LT(longest, 4096u) << "a log line of " << longest << " bytes";
+  EXPECT_EQ(AttendLines(log).size(), cases.size());
+}
+
+// A call still running when the drain timeout passes is ended by the server's shutdown: its log
+// line (and metrics label) says the code the client got, not a client cancel.
+TEST(DrainOutcomeTest, CallEndedByTheShutdownIsLoggedWithTheClientsCode) {
+  ServerOptions options;
+  options.extra_args = {"--drain-timeout=1s"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel((*server)->target(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::AttentionService::Stub> stub = v1::AttentionService::NewStub(channel);
+  // ~275 GFLOP of dense work (see deadline_expires_during_compute): far beyond the 1 s drain.
+  v1::AttendHeader h = GoodHeader();
+  h.set_request_id("outlives-the-drain");
+  h.set_tokens(32768);
+  h.set_q_heads(1);
+  h.set_head_dim(64);
+  BadCase c{"", {HeaderMsg(h)}, grpc::StatusCode::OK, ""};
+  for (v1::AttendRequest& r : AllChunks(h, 256 << 10)) c.messages.push_back(std::move(r));
+  c.deadline = absl::Seconds(120);
+  RawOutcome out;
+  std::thread call([&] { out = SendRaw(stub.get(), c); });
+  // Until the request is queued or running (bounded).
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up) {
+    absl::StatusOr<std::string> text = (*server)->ScrapeMetrics();
+    if (text.ok()) {
+      absl::StatusOr<double> received = MetricSum(*text, "attnserve_received_bytes_total");
+      if (received.ok() && *received >= 24 << 20) break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE((*server)->Stop(absl::Seconds(60)).ok()) << (*server)->Log();
+  call.join();
+  std::printf("client got %s: %s\n", GrpcCodeName(out.status.error_code()).c_str(),
+              out.status.error_message().c_str());
+  EXPECT_NE(out.status.error_code(), grpc::StatusCode::OK);
+  const std::vector<std::string> lines = AttendLines((*server)->process().Log(kWholeLog));
+  ASSERT_EQ(lines.size(), 1u) << (*server)->Log();
+  std::map<std::string, std::string> fields = LineFields(lines[0]);
+  EXPECT_EQ(fields["id"], "outlives-the-drain") << lines[0];
+  EXPECT_EQ(fields["code"], GrpcCodeName(out.status.error_code())) << lines[0];
+  EXPECT_NE(fields["error"].find("server stopped"), std::string::npos) << lines[0];
+}
+
+// --log-format=json: every line the server logs is one JSON object with time, level and
+// message; request lines carry their fields, hostile ids included, correctly escaped. Checked by
+// Python's json module (an independent parser).
+TEST(JsonLogTest, EveryLineParsesAndRequestLinesCarryTheirFields) {
+  absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("json_log");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  ServerOptions options;
+  options.extra_args = {"--log-format=json"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel((*server)->target(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::AttentionService::Stub> stub = v1::AttentionService::NewStub(channel);
+
+  v1::AttendHeader good = GoodHeader();
+  good.set_request_id("json \"quoted\" \\ id");
+  BadCase ok_case{"", FullRequest(good), grpc::StatusCode::OK, ""};
+  EXPECT_TRUE(SendRaw(stub.get(), ok_case).status.ok());
+  v1::AttendHeader evil = GoodHeader();
+  evil.set_request_id("evil\n{\"forged\": true}");
+  BadCase evil_case{"", {HeaderMsg(evil)}, grpc::StatusCode::OK, ""};
+  EXPECT_EQ(SendRaw(stub.get(), evil_case).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(SendBytes(channel, {HeaderBytesWithId("u\xc3\x28")}, absl::Seconds(30)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+
+  const std::string path = (*dir)->File("server.log");
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << (*server)->process().Log(kWholeLog);
+  }
+  // Prints one line per request line: request_id, code, level, then whether the numeric fields
+  // are numbers; "OTHER <line>" for lines that are not JSON objects; "LINES <n>" at the end.
+  const std::string script = R"PY(
+import json, sys
+n = 0
+for raw in open(sys.argv[1], 'rb').read().split(b'\n'):
+    if not raw.strip():
+        continue
+    if not raw.startswith(b'{'):
+        print('OTHER', raw.decode('ascii', 'replace'))
+        continue
+    o = json.loads(raw.decode('utf-8'))
+    assert isinstance(o['time'], str) and isinstance(o['level'], str), o
+    assert isinstance(o['message'], str), o
+    n += 1
+    if o['message'] == 'attend':
+        nums = all(isinstance(o[k], (int, float)) for k in
+                   ('bytes_in', 'bytes_out', 'receive_seconds', 'queue_seconds', 'total_seconds'))
+        print('ATTEND', json.dumps([o['request_id'], o['code'], o['level'], nums]))
+print('LINES', n)
+)PY";
+  CommandResult r =
+      RunLogged("python3", "/usr/bin/python3", {"-c", script, path}, absl::Seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> attend;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    if (absl::StartsWith(line, "ATTEND ")) attend.emplace_back(line.substr(7));
+    // Lines that are not the logger's: the start-up lines on stdout, protobuf's own complaint
+    // about the UTF-8 (its logger, on stderr).
+    if (absl::StartsWith(line, "OTHER ")) {
+      EXPECT_TRUE(absl::StartsWith(line, "OTHER attnserve: ") ||
+                  absl::StartsWith(line, "OTHER [libprotobuf "))
+          << line;
+    }
+  }
+  ASSERT_EQ(attend.size(), 3u) << r.output;
+  EXPECT_EQ(attend[0], R"(["json \"quoted\" \\\\ id", "OK", "info", true])");
+  EXPECT_EQ(attend[1], R"(["evil\\x0a{\"forged\": true}", "INVALID_ARGUMENT", "warning", true])");
+  EXPECT_EQ(attend[2], R"(["u\\xc3(", "INVALID_ARGUMENT", "warning", true])");
+  EXPECT_NE(r.output.find("LINES "), std::string::npos);
 }
 
 }  // namespace
