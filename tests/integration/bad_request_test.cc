@@ -712,6 +712,134 @@ TEST_F(BadRequestTest, HostileRequestsCannotForgeOrFloodTheLog) {
   EXPECT_EQ(AttendLines(log).size(), cases.size());
 }
 
+// The value of attnserve_requests_total{code="CODE"} in Prometheus text (0 when absent).
+double RequestsWithCode(const std::string& metrics, const std::string& code) {
+  const std::string prefix = absl::StrCat("attnserve_requests_total{code=\"", code, "\"} ");
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (absl::StartsWith(line, prefix)) return std::stod(std::string(line.substr(prefix.size())));
+  }
+  return 0;
+}
+
+// The metric label agrees with the log line and the client: an oversized message (answered by
+// gRPC) and a client cancel are counted under the code the client got.
+TEST_F(BadRequestTest, MetricLabelIsTheCodeTheClientGot) {
+  struct Case {
+    std::string name;
+    std::function<grpc::Status()> send;
+  };
+  const std::vector<Case> cases = {
+      {"oversized",
+       [this] {
+         v1::AttendHeader h = GoodHeader();
+         h.set_tokens(32768);
+         BadCase c{"", {HeaderMsg(h), ChunkMsg(v1::TENSOR_Q, 0, 3 << 20)}, grpc::StatusCode::OK,
+                   ""};
+         return SendRaw(stub_.get(), c).status;
+       }},
+      {"cancelled", [this] {
+         v1::AttendHeader h = GoodHeader();
+         h.set_tokens(4096);
+         BadCase c{"", FullRequest(h), grpc::StatusCode::OK, ""};
+         c.cancel_after = 3;
+         return SendRaw(stub_.get(), c).status;
+       }}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<std::string> before = server_->ScrapeMetrics();
+    ASSERT_TRUE(before.ok()) << before.status();
+    const grpc::Status status = c.send();
+    const std::string code = GrpcCodeName(status.error_code());
+    // The call may still be winding down on the server: wait (bounded) for its count.
+    double now = 0;
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < give_up) {
+      absl::StatusOr<std::string> after = server_->ScrapeMetrics();
+      ASSERT_TRUE(after.ok()) << after.status();
+      now = RequestsWithCode(*after, code);
+      if (now > RequestsWithCode(*before, code)) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(now, RequestsWithCode(*before, code) + 1) << code;
+  }
+}
+
+// Context and region names (and the errors quoting them) reach log lines sanitized: a name with
+// a newline or 1 MiB long is refused or not found, and the log gains no forged or huge line.
+TEST_F(BadRequestTest, ContextAndRegionNamesCannotForgeLogLines) {
+  const std::string forged = "\n[2026-01-01 00:00:00.000] [info] create context ok";
+  const std::string huge(1 << 20, 'n');
+  for (const std::string& name : {"evil" + forged, huge + forged}) {
+    {
+      grpc::ClientContext context;
+      v1::CreateContextRequest request;
+      request.set_name(name);
+      request.set_dtype(v1::DTYPE_F32);
+      request.set_kv_heads(1);
+      request.set_head_dim(32);
+      v1::CreateContextResponse response;
+      const grpc::Status s = stub_->CreateContext(&context, request, &response);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_LT(s.error_message().size(), 1024u);
+    }
+    {
+      grpc::ClientContext context;
+      v1::GetContextRequest request;
+      request.set_name(name);
+      v1::GetContextResponse response;
+      const grpc::Status s = stub_->GetContext(&context, request, &response);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+      EXPECT_LT(s.error_message().size(), 1024u);
+    }
+    {
+      grpc::ClientContext context;
+      v1::AppendContextResponse response;
+      std::unique_ptr<grpc::ClientWriter<v1::AppendContextRequest>> writer =
+          stub_->AppendContext(&context, &response);
+      v1::AppendContextRequest request;
+      request.mutable_header()->set_context(name);
+      request.mutable_header()->set_tokens(1);
+      writer->Write(request);
+      writer->WritesDone();
+      const grpc::Status s = writer->Finish();
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+    }
+    {
+      grpc::ClientContext context;
+      v1::RegisterRegionRequest request;
+      request.set_name(name);
+      request.mutable_system()->set_shm_key("/attnserve-log-test\nforged");
+      request.mutable_system()->set_bytes(4096);
+      v1::RegisterRegionResponse response;
+      const grpc::Status s = stub_->RegisterRegion(&context, request, &response);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_LT(s.error_message().size(), 1024u);
+    }
+  }
+  // The append lines are written when the calls end: wait (bounded) for both.
+  std::string log;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  do {
+    log = server_->process().Log(kWholeLog);
+    if (absl::StrContains(log, "append_context context=\"n") &&
+        absl::StrContains(log, "append_context context=\"evil")) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < give_up);
+  EXPECT_TRUE(absl::StrContains(
+      log, "append_context context=\"evil\\x0a[2026-01-01 00:00:00.000] [info] create context ok\" "
+           "code=NOT_FOUND"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "register region \"evil\\x0a[2026-01-01")) << log;
+  size_t longest = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    longest = std::max(longest, line.size());
+    EXPECT_FALSE(absl::StartsWith(line, "[2026-01-01")) << "forged line: " << line;
+  }
+  EXPECT_LT(longest, 4096u) << "a log line of " << longest << " bytes";
+}
+
 // A call still running when the drain timeout passes is ended by the server's shutdown: its log
 // line (and metrics label) says the code the client got, not a client cancel.
 TEST(DrainOutcomeTest, CallEndedByTheShutdownIsLoggedWithTheClientsCode) {
