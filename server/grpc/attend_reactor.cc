@@ -1,6 +1,4 @@
 // The Attend stream: one reactor per call (see the class comment).
-#include "server/grpc/service.h"
-
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -16,10 +14,9 @@
 #include "absl/time/clock.h"
 #include "core/util/json.h"
 #include "core/util/log_safe.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
 #include "grpc/grpc.h"
 #include "server/grpc/call_outcome.h"
+#include "server/grpc/service.h"
 #include "server/request_log.h"
 #include "spdlog/spdlog.h"
 #include "wire/convert.h"
@@ -32,51 +29,6 @@ namespace {
 // below 0 are refused). Deserialising a message clears the whole message first, even when its
 // bytes then fail to parse, so a failed read that leaves the marker in place received no message.
 constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
-
-// The first string field of `m` (depth first, as "header.request_id") that is not valid UTF-8,
-// or "". Parsing stops at such a field with the bad bytes already stored, so after a failed
-// parse this finds the field that failed it.
-std::string FindInvalidUtf8(const google::protobuf::Message& m, const std::string& prefix) {
-  const google::protobuf::Reflection* r = m.GetReflection();
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  r->ListFields(m, &fields);
-  for (const google::protobuf::FieldDescriptor* f : fields) {
-    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
-    if (f->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
-      if (f->is_repeated()) {
-        for (int i = 0; i < r->FieldSize(m, f); ++i) {
-          if (!IsValidUtf8(r->GetRepeatedString(m, f, i))) return absl::StrCat(path, "[", i, "]");
-        }
-      } else if (!IsValidUtf8(r->GetString(m, f))) {
-        return path;
-      }
-    } else if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (f->is_repeated()) {
-        for (int i = 0; i < r->FieldSize(m, f); ++i) {
-          std::string bad =
-              FindInvalidUtf8(r->GetRepeatedMessage(m, f, i), absl::StrCat(path, "[", i, "]"));
-          if (!bad.empty()) return bad;
-        }
-      } else {
-        std::string bad = FindInvalidUtf8(r->GetMessage(m, f), path);
-        if (!bad.empty()) return bad;
-      }
-    }
-  }
-  return "";
-}
-
-// The status of a request message that arrived but could not be parsed; `partial` is what the
-// parser had filled in when it stopped.
-absl::Status UnparseableMessage(const v1::AttendRequest& partial) {
-  const std::string bad = FindInvalidUtf8(partial, "");
-  if (!bad.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        bad, ": not valid UTF-8 (protobuf string fields must be UTF-8; send raw bytes as bytes)"));
-  }
-  return absl::InvalidArgumentError(
-      "request message: not a valid AttendRequest (truncated or malformed protobuf bytes)");
-}
 
 std::string SpecSummary(const AttentionSpec& spec) {
   std::string s(PatternName(spec.pattern));
@@ -155,7 +107,7 @@ class AttentionServiceImpl::AttendReactor final
           if (!assembler_.has_header() && request_.header().request_id().size() > 0) {
             client_id_ = request_.header().request_id();
           }
-          final_ = UnparseableMessage(request_);
+          final_ = UnparseableMessage(request_, "AttendRequest");
         } else if (context_->IsCancelled()) {
           // gRPC ended the call; OnCancel (next) decides.
           if (!failed_before_message && stage_ == Stage::kReceiving) oversized_message_ = true;
@@ -217,6 +169,8 @@ class AttentionServiceImpl::AttendReactor final
       cancelled_ = true;
       spdlog::debug("call {}: attend cancelled: reading={} decided={}",
                     LogValue(LoggedIdLocked(), 128), reading_, final_.has_value());
+      // (A call the server itself ends, e.g. on a timeout, sets final_ and finishes; it must not
+      // TryCancel: a cancelled call is logged with the status gRPC gave the client.)
       // Whatever the server decided, gRPC ended the call: the client got gRPC's status. With a
       // read in flight, the call finishes only after it (FinishIfReadyLocked), which may still
       // find the cause was an oversized message.

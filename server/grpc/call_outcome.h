@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "google/protobuf/message.h"
 #include "grpcpp/server_context.h"
 
 namespace attnserve {
@@ -63,6 +64,18 @@ inline absl::Status EndedByGrpc(const grpc::CallbackServerContext& context, cons
   return absl::CancelledError(
       absl::StrCat("cancelled by the client while ", std::string(end.stage)));
 }
+
+// The first string field of `m` (depth first, named like "header.request_id") that is not
+// valid UTF-8, or "". Parsing stops at such a field with the bad bytes already stored, so after
+// a failed parse this finds the field that failed it.
+std::string FindInvalidUtf8(const google::protobuf::Message& m, const std::string& prefix = "");
+
+// The status of a request message that arrived but could not be parsed (gRPC leaves the call
+// open: the server's status is the client's): INVALID_ARGUMENT naming the string field that is
+// not UTF-8 when there is one, else saying the bytes are not a valid `type_name`. `partial` is
+// what the parser had filled in when it stopped.
+absl::Status UnparseableMessage(const google::protobuf::Message& partial,
+                                std::string_view type_name);
 
 }  // namespace attnserve
 

@@ -86,9 +86,7 @@ class AttentionServiceImpl::AppendReactor final
     } else if (request_.chunk().offset() != kUnreadMarker) {
       // A message arrived but did not parse (see attend_reactor.cc); gRPC leaves the call open.
       if (!has_header_) name_ = request_.header().context();
-      s = absl::InvalidArgumentError(
-          "request message: not a valid AppendContextRequest (truncated or malformed protobuf "
-          "bytes, or a string field that is not UTF-8)");
+      s = UnparseableMessage(request_, "AppendContextRequest");
     } else {
       // The client half-closed, or gRPC ended the call (then Finish goes nowhere and OnDone
       // logs gRPC's status instead). A read that failed without the stream failing first, on a
