@@ -264,6 +264,81 @@ TEST_F(RequestLogTest, ContextAndRegionNamesCannotForgeLogLines) {
   EXPECT_LT(longest, 4096u) << "a log line of " << longest << " bytes";
 }
 
+// AppendContext's line says the code its client got, also when gRPC ended the call: an
+// oversized chunk (RESOURCE_EXHAUSTED from gRPC), a cancel mid-upload, a half-close with rows
+// missing.
+TEST_F(RequestLogTest, AppendContextLinesSayTheClientsCode) {
+  {
+    grpc::ClientContext context;
+    v1::CreateContextRequest request;
+    request.set_name("log-append");
+    request.set_dtype(v1::DTYPE_F32);
+    request.set_kv_heads(1);
+    request.set_head_dim(32);
+    v1::CreateContextResponse response;
+    const grpc::Status s = stub_->CreateContext(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  struct Case {
+    std::string name;
+    std::vector<v1::AppendContextRequest> messages;
+    bool cancel = false;
+  };
+  v1::AppendContextRequest header;
+  header.mutable_header()->set_context("log-append");
+  header.mutable_header()->set_tokens(32768);  // K and V are 4 MiB each
+  const auto chunk = [](v1::TensorKind kind, int64_t size) {
+    v1::AppendContextRequest r;
+    r.mutable_chunk()->set_tensor(kind);
+    r.mutable_chunk()->set_data(Payload(size, 7));
+    return r;
+  };
+  const std::vector<Case> cases = {
+      {"oversized", {header, chunk(v1::TENSOR_K, 3 << 20)}},
+      {"cancelled", {header, chunk(v1::TENSOR_K, 1 << 16)}, true},
+      {"rows_missing", {header, chunk(v1::TENSOR_K, 1 << 16)}}};
+  size_t seen = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::AppendContextResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::AppendContextRequest>> writer =
+        stub_->AppendContext(&context, &response);
+    for (const v1::AppendContextRequest& m : c.messages) {
+      if (!writer->Write(m)) break;
+    }
+    if (c.cancel) {
+      // Until the server has the chunk (bounded), so the cancel lands mid-upload.
+      absl::SleepFor(absl::Milliseconds(200));
+      context.TryCancel();
+    } else {
+      writer->WritesDone();
+    }
+    const grpc::Status s = writer->Finish();
+    std::printf("%-14s -> %s: %s\n", c.name.c_str(), GrpcCodeName(s.error_code()).c_str(),
+                s.error_message().c_str());
+    EXPECT_NE(s.error_code(), grpc::StatusCode::OK);
+    std::vector<std::string> lines;
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    do {
+      lines.clear();
+      for (absl::string_view line :
+           absl::StrSplit(server_->process().Log(kWholeLog), '\n')) {
+        if (absl::StrContains(line, "] append_context ")) lines.emplace_back(line);
+      }
+      if (lines.size() > seen) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    } while (absl::Now() < give_up);
+    ASSERT_EQ(lines.size(), seen + 1) << server_->Log();
+    seen = lines.size();
+    EXPECT_TRUE(absl::StrContains(
+        lines.back(), absl::StrCat("append_context context=log-append code=",
+                                   GrpcCodeName(s.error_code()), " ")))
+        << lines.back();
+  }
+}
+
 // A call still running when the drain timeout passes is ended by the server's shutdown: its log
 // line (and metrics label) says the code the client got, not a client cancel.
 TEST(DrainOutcomeTest, CallEndedByTheShutdownIsLoggedWithTheClientsCode) {
