@@ -38,31 +38,30 @@ struct CallEnd {
 };
 
 // The status the client got when gRPC itself ended the call (OnCancel, or a failed read): the
-// server's Finish after that goes nowhere.
-//  - a message above the gRPC max receive size: gRPC answers RESOURCE_EXHAUSTED ("Received
-//    message larger than max");
-//  - server shutdown after the drain: grpc::Server::Shutdown drops the connections, the client
-//    sees UNAVAILABLE;
+// server's Finish after that goes nowhere. In this order:
+//  - server shutdown after the drain: grpc::Server::Shutdown cancels every call left, the client
+//    sees UNAVAILABLE ("Cancelling all calls");
 //  - a cancel within `slack` of the call's deadline: the client's deadline (its library cancels
 //    the stream itself, slightly before the server's copy of the deadline expires);
+//  - a message above the gRPC max receive size: gRPC answers RESOURCE_EXHAUSTED ("Received
+//    message larger than max");
 //  - otherwise the client cancelled: CANCELLED.
 inline absl::Status EndedByGrpc(const grpc::CallbackServerContext& context, const CallEnd& end,
                                 absl::Duration slack = absl::Milliseconds(100)) {
+  const std::string stage(end.stage);
+  if (end.server_stopping) {
+    return absl::UnavailableError(
+        absl::StrCat("server stopped (drain timeout passed) while ", stage));
+  }
+  if (absl::Now() + slack >= DeadlineOf(context)) {
+    return absl::DeadlineExceededError(absl::StrCat("deadline exceeded while ", stage));
+  }
   if (end.oversized_message) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a request message above the gRPC max receive size (--max-chunk-bytes + 1 MiB) while ",
-        std::string(end.stage)));
+        stage));
   }
-  if (end.server_stopping) {
-    return absl::UnavailableError(
-        absl::StrCat("server stopped (drain timeout passed) while ", std::string(end.stage)));
-  }
-  if (absl::Now() + slack >= DeadlineOf(context)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("deadline exceeded while ", std::string(end.stage)));
-  }
-  return absl::CancelledError(
-      absl::StrCat("cancelled by the client while ", std::string(end.stage)));
+  return absl::CancelledError(absl::StrCat("cancelled by the client while ", stage));
 }
 
 // The first string field of `m` (depth first, named like "header.request_id") that is not
