@@ -101,7 +101,9 @@ struct AttendInput {
   attnserve::v1::AttentionSpec spec;
   bool return_lse = true;
   attnserve::v1::Placement placement = attnserve::v1::PLACEMENT_AUTO;
-  std::string request_id;            // empty: the server makes one up
+  // Empty: the server makes one up. At most 128 bytes of printable ASCII (the server refuses
+  // others with INVALID_ARGUMENT naming header.request_id).
+  std::string request_id;
   int64_t response_chunk_bytes = 0;  // 0: the server's default
   // Inference shapes (docs/DESIGN.md "The math"): k and v may have another token count than q
   // (their dims say it; shape->kv_tokens when they come from regions); query row i sits at

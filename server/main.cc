@@ -32,6 +32,7 @@
 #include "core/util/flag_names.h"
 #include "server/device_pool.h"
 #include "server/metrics.h"
+#include "server/request_log.h"
 #include "server/scheduler.h"
 #include "server/grpc/service.h"
 #include "spdlog/spdlog.h"
@@ -91,6 +92,9 @@ ABSL_FLAG(int64_t, max_spec_entries, int64_t{1} << 22,
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in progress may take to finish");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|critical|off");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (spdlog's [time] [level] message lines) | json (one JSON object per line: time, "
+          "level, message and, on request lines, the request's fields)");
 ABSL_FLAG(std::string, attention_engine, "auto",
           "CUDA backend: engine for dense/window specs: auto (cuDNN where it can run the case, "
           "else our kernels) | own (our kernels only) | cudnn (cuDNN, no fallback)");
@@ -241,6 +245,9 @@ int Main() {
         absl::StrCat("--log-level: unknown level \"", absl::GetFlag(FLAGS_log_level), "\"")));
   }
   spdlog::set_level(level);
+  absl::StatusOr<LogFormat> log_format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) return Fail(log_format.status());
+  SetLogFormat(*log_format);
 
   DevicePoolOptions pool_options;
   absl::StatusOr<BackendChoice> backend = ParseBackendChoice(absl::GetFlag(FLAGS_backend));
@@ -361,6 +368,7 @@ int Main() {
                  (*service)->active_calls());
   }
   // Cancels whatever is left (their reactors see OnCancel, their jobs stop at the next poll).
+  (*service)->MarkStopping();
   server->Shutdown(std::chrono::system_clock::now());
   (*scheduler)->Shutdown();
   (*service)->ReleaseRegions();

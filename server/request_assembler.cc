@@ -9,11 +9,29 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/log_safe.h"
 #include "core/util/status_macros.h"
 #include "wire/convert.h"
 
 namespace attnserve {
 namespace {
+
+// header.request_id is echoed in the response and written to the log: at most
+// kMaxRequestIdBytes of printable ASCII, refused otherwise (not rewritten, so that the id a
+// client gets back is always the one it sent).
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.request_id: must be at most ", kMaxRequestIdBytes,
+                     " bytes of printable ASCII, got ", id.size(), " bytes"));
+  }
+  if (const size_t at = FindUnprintable(id); at != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.request_id: must be printable ASCII (0x20-0x7e), byte ", at, " is ",
+                     SanitizeForLog(id.substr(at, 1))));
+  }
+  return absl::OkStatus();
+}
 
 // a * b for a, b >= 0, saturating at INT64_MAX (a request that large is refused either way).
 int64_t SatMul(int64_t a, int64_t b) {
@@ -98,6 +116,7 @@ absl::Status RequestAssembler::Add(const v1::AttendRequest& request) {
 
 absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
   if (has_header_) return absl::InvalidArgumentError("header: sent twice");
+  ATTN_RETURN_IF_ERROR(CheckRequestId(header.request_id()));
   ATTN_ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(header.dtype(), "header.dtype"));
   ATTN_RETURN_IF_ERROR(CheckDim("header.batch", header.batch()));
   ATTN_RETURN_IF_ERROR(CheckDim("header.tokens", header.tokens()));

@@ -23,6 +23,9 @@
 
 namespace attnserve {
 
+// The longest header.request_id accepted (printable ASCII only; see CheckRequestId).
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
 struct AssemblerOptions {
   int64_t max_request_bytes = int64_t{8} << 30;  // Q + K + V bytes of one request
   int64_t max_chunk_bytes = int64_t{64} << 20;   // largest accepted chunk payload

@@ -133,6 +133,42 @@ TEST(RequestAssemblerTest, RejectsSecondHeaderAndChunkBeforeHeader) {
   EXPECT_THAT(a.Add(empty).message(), HasSubstr("request.message"));
 }
 
+// The id is echoed and logged: printable ASCII of at most 128 bytes, refused (not rewritten)
+// otherwise, before anything else in the header.
+TEST(RequestAssemblerTest, RequestIdMustBeShortPrintableAscii) {
+  for (const std::string id : {std::string(""), std::string("req-1 with spaces, \"quotes\" & =~"),
+                               std::string(128, 'x')}) {
+    RequestAssembler a(AssemblerOptions{});
+    v1::AttendHeader h = Header(1, 4, 1, 1, 4);
+    h.set_request_id(id);
+    EXPECT_TRUE(a.AddHeader(h).ok()) << id;
+  }
+  struct Bad {
+    std::string id;
+    std::string message;
+  };
+  for (
+      const Bad& bad :
+      {Bad{std::string(129, 'x'),
+           "header.request_id: must be at most 128 bytes of printable ASCII, got 129 bytes"},
+       Bad{"evil\nline", "header.request_id: must be printable ASCII (0x20-0x7e), byte 4 is \\x0a"},
+       Bad{"tab\t", "header.request_id: must be printable ASCII (0x20-0x7e), byte 3 is \\x09"},
+       Bad{"del\x7f", "header.request_id: must be printable ASCII (0x20-0x7e), byte 3 is \\x7f"},
+       Bad{"caf\xc3\xa9",
+           "header.request_id: must be printable ASCII (0x20-0x7e), byte 3 is \\xc3"},
+       Bad{std::string(1 << 20, '\n'),
+           "header.request_id: must be at most 128 bytes of printable ASCII, got 1048576 bytes"}}) {
+    RequestAssembler a(AssemblerOptions{});
+    v1::AttendHeader h = Header(1, 4, 1, 1, 4);
+    h.set_dtype(v1::DTYPE_UNSPECIFIED);  // the id is checked first
+    h.set_request_id(bad.id);
+    absl::Status s = a.AddHeader(h);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), bad.message);
+    EXPECT_FALSE(a.has_header());
+  }
+}
+
 TEST(RequestAssemblerTest, RejectsWrongTensorKindAndOversizedChunk) {
   RequestAssembler a(AssemblerOptions{.max_chunk_bytes = 16});
   ASSERT_TRUE(a.AddHeader(Header(1, 64, 1, 1, 4)).ok());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/util/log_safe.h"
 
 namespace attnserve {
 
@@ -46,7 +47,19 @@ Json& Json::Push(Json value) {
 
 std::string JsonQuote(std::string_view s) {
   std::string out = "\"";
-  for (const char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      // JSON text is UTF-8: well-formed sequences pass, any other byte becomes U+FFFD.
+      const size_t n = Utf8SequenceLength(s, i);
+      if (n == 0) {
+        out += "\\ufffd";
+      } else {
+        out.append(s.substr(i, n));
+        i += n - 1;
+      }
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";

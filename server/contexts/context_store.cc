@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/spec/attention_spec.h"
+#include "core/util/log_safe.h"
 #include "core/util/status_macros.h"
 #include "server/contexts/shard_layout.h"
 
@@ -34,7 +35,8 @@ absl::Status CheckName(const std::string& name) {
                     c == '_' || c == '.' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError(
-          absl::StrCat("name: '", name, "' may only hold letters, digits, '_', '.' and '-'"));
+          absl::StrCat("name: '", SanitizeForLog(name, 128),
+                       "' may only hold letters, digits, '_', '.' and '-'"));
     }
   }
   return absl::OkStatus();
@@ -435,9 +437,9 @@ class ContextStoreImpl final : public ContextStore {
   absl::Status NotFound(const std::string& name) { return NotFoundLocked(name); }
   absl::Status NotFoundLocked(const std::string& name) const {
     auto it = tombstones_.find(name);
-    return absl::NotFoundError(absl::StrCat(
-        "context: no context named '", name, "'",
-        it == tombstones_.end() ? "" : absl::StrCat(" (", it->second, ")")));
+    return absl::NotFoundError(
+        absl::StrCat("context: no context named '", SanitizeForLog(name, 128), "'",
+                     it == tombstones_.end() ? "" : absl::StrCat(" (", it->second, ")")));
   }
 
   void RememberLocked(const std::string& name, std::string why) {

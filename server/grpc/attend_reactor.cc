@@ -1,9 +1,9 @@
 // The Attend stream: one reactor per call (see the class comment).
-#include "server/grpc/service.h"
-
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 #include <variant>
 
@@ -12,23 +12,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "core/util/json.h"
+#include "core/util/log_safe.h"
+#include "grpc/grpc.h"
+#include "server/grpc/call_outcome.h"
+#include "server/grpc/service.h"
+#include "server/request_log.h"
+#include "spdlog/spdlog.h"
 #include "wire/convert.h"
 #include "wire/status.h"
-#include "spdlog/spdlog.h"
 
 namespace attnserve {
 namespace {
 
-constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(100);
-
-// A gRPC deadline as an absl::Time (no deadline: InfiniteFuture).
-absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
-  const auto deadline = context.deadline();
-  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365 * 100)) {
-    return absl::InfiniteFuture();
-  }
-  return absl::FromChrono(deadline);
-}
+// Left in chunk.offset of the request message before each read (no client sends it: offsets
+// below 0 are refused). Deserialising a message clears the whole message first, even when its
+// bytes then fail to parse, so a failed read that leaves the marker in place received no message.
+constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
 
 std::string SpecSummary(const AttentionSpec& spec) {
   std::string s(PatternName(spec.pattern));
@@ -69,9 +69,7 @@ class AttentionServiceImpl::AttendReactor final
         final_ = absl::UnavailableError("server is draining");
         a = FinishIfReadyLocked();
       } else {
-        reading_ = true;
-        a.read = true;
-        ++starting_;
+        a.read = ArmReadLocked();
       }
     }
     Execute(a);
@@ -84,16 +82,47 @@ class AttentionServiceImpl::AttendReactor final
     {
       std::lock_guard<std::mutex> lock(mu_);
       reading_ = false;
-      if (final_) {
+      // A failed read: a message that did not parse, the client's half-close, or gRPC ending the
+      // call (then whether the stream failed before a message tells a cancel from a message
+      // gRPC dropped).
+      const bool marker_intact = request_.chunk().offset() == kUnreadMarker;
+      const bool failed_before_message =
+          !ok && grpc_call_failed_before_recv_message(context_->c_call()) != 0;
+      if (!ok) {
+        spdlog::debug(
+            "call {}: attend read ended: marker_intact={} cancelled={}/{} "
+            "failed_before_recv_message={}",
+            LogValue(LoggedIdLocked(), 128), marker_intact, cancelled_, context_->IsCancelled(),
+            failed_before_message);
+      }
+      if (!ok && cancelled_) {
+        // OnCancel ran while this read was in flight and its outcome waited for this read: a
+        // read that failed without the stream failing first is a message gRPC received and
+        // dropped (no parse was tried), which it only does for one above the max receive size.
+        if (!failed_before_message && marker_intact && stage_ == Stage::kReceiving) {
+          oversized_message_ = true;
+          if (!finished_) final_ = EndedByGrpc(*context_, CallEndLocked());
+        }
+      } else if (final_) {
         // An outcome is already decided; nothing more to read.
       } else if (!ok) {
-        // The client half-closed (or the call is going away). Before the job is submitted this
-        // means input is missing.
-        if (context_->IsCancelled()) {
-          // OnCancel decides the outcome.
+        if (!marker_intact) {
+          // A message arrived and failed to parse. gRPC leaves the call open: our status is the
+          // client's. The id is logged when the header got that far.
+          if (!assembler_.has_header() && request_.header().request_id().size() > 0) {
+            client_id_ = request_.header().request_id();
+          }
+          final_ = UnparseableMessage(request_, "AttendRequest");
+        } else if (context_->IsCancelled()) {
+          // gRPC ended the call; OnCancel (next) decides.
+          if (!failed_before_message && stage_ == Stage::kReceiving) oversized_message_ = true;
         } else if (stage_ == Stage::kReceiving) {
           absl::Status s = assembler_.Complete();
           final_ = s.ok() ? absl::InternalError("request complete but not submitted") : s;
+          // The client's half-close, or a message gRPC dropped for its size whose cancel has not
+          // reached this call yet: both look the same here. Only OnDone knows (the call is then
+          // cancelled, and our status never left), so the outcome is recorded there.
+          if (!failed_before_message) record_at_done_ = true;
         } else {
           // The request's half-close. OK is only sent after it, so that anything the client sends
           // after the last input byte is always seen and refused, however fast the job ran.
@@ -122,29 +151,6 @@ class AttentionServiceImpl::AttendReactor final
     Execute(a);
   }
 
-  // The watchdog's round (see WatchedStream): ends a stream that is silent too long while it
-  // uploads or owes the half-close, or uploads too slowly, with DEADLINE_EXCEEDED.
-  std::function<void()> CheckLimits(absl::Time now) override {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock() || final_) return nullptr;  // busy: not idle
-    const StreamLimits& limits = service_->options_.streams;
-    std::optional<absl::Status> verdict;
-    if (stage_ == Stage::kReceiving) {
-      verdict = CheckUpload(limits, start_, last_message_, uploaded_bytes_, now, StageName(stage_));
-    } else if (all_written_ && !half_closed_) {
-      verdict = CheckIdle(limits, all_written_at_, now,
-                          "waiting for the client's half-close after the response");
-    }
-    if (!verdict) return nullptr;
-    final_ = *std::move(verdict);
-    // Nothing was submitted while receiving: the buffers go back now, not when OnDone comes.
-    if (stage_ == Stage::kReceiving) assembler_.ReleaseBuffers();
-    Actions a = FinishIfReadyLocked();
-    if (!a.finish) return nullptr;  // the operation in progress finishes the call
-    // Finish is owed by this caller alone, so OnDone (which deletes this) cannot come before it.
-    return [this, status = *a.finish] { Finish(status); };
-  }
-
   void OnWriteDone(bool ok) override {
     Actions a;
     {
@@ -166,16 +172,14 @@ class AttentionServiceImpl::AttendReactor final
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
-      if (!final_) {
-        // A client whose deadline passes cancels the stream itself, often a little before the
-        // server's copy of the deadline (which starts when the headers arrive) expires: a cancel
-        // that close to the deadline is the deadline.
-        final_ = absl::Now() + kDeadlineSlack >= DeadlineOf(*context_)
-                     ? absl::DeadlineExceededError(
-                           absl::StrCat("deadline exceeded while ", StageName(stage_)))
-                     : absl::CancelledError(
-                           absl::StrCat("cancelled by the client while ", StageName(stage_)));
-      }
+      spdlog::debug("call {}: attend cancelled: reading={} decided={}",
+                    LogValue(LoggedIdLocked(), 128), reading_, final_.has_value());
+      // (A call the server itself ends, e.g. on a timeout, sets final_ and finishes; it must not
+      // TryCancel: a cancelled call is logged with the status gRPC gave the client.)
+      // Whatever the server decided, gRPC ended the call: the client got gRPC's status. With a
+      // read in flight, the call finishes only after it (FinishIfReadyLocked), which may still
+      // find the cause was an oversized message.
+      if (!finished_) final_ = EndedByGrpc(*context_, CallEndLocked());
       to_cancel = CancelJobLocked();
       a = FinishIfReadyLocked();
     }
@@ -187,26 +191,40 @@ class AttentionServiceImpl::AttendReactor final
     Execute(a);
   }
 
+  // The watchdog's round (see WatchedStream): ends a stream that is silent too long while it
+  // uploads or owes the half-close, or uploads too slowly, with DEADLINE_EXCEEDED.
+  std::function<void()> CheckLimits(absl::Time now) override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || final_) return nullptr;  // busy: not idle
+    const StreamLimits& limits = service_->options_.streams;
+    std::optional<absl::Status> verdict;
+    if (stage_ == Stage::kReceiving) {
+      verdict = CheckUpload(limits, start_, last_message_, received_bytes_, now, StageName(stage_));
+    } else if (all_written_ && !half_closed_) {
+      verdict = CheckIdle(limits, all_written_at_, now,
+                          "waiting for the client's half-close after the response");
+    }
+    if (!verdict) return nullptr;
+    final_ = *std::move(verdict);
+    // Nothing was submitted while receiving: the buffers go back now, not when OnDone comes.
+    if (stage_ == Stage::kReceiving) assembler_.ReleaseBuffers();
+    Actions a = FinishIfReadyLocked();
+    if (!a.finish) return nullptr;  // the operation in progress finishes the call
+    // Finish is owed by this caller alone, so OnDone (which deletes this) cannot come before it.
+    return [this, status = *a.finish] { Finish(status); };
+  }
   void OnDone() override {
     service_->watchdog_->Remove(this);
-    const absl::Status status = final_.value_or(absl::UnknownError("finished without an outcome"));
-    const grpc::StatusCode code = ToGrpcStatus(status).error_code();
-    if (!recorded_) RecordOutcome(code);
-    const double total = absl::ToDoubleSeconds(absl::Now() - start_);
-    const AttentionShape& sh = assembler_.shape();
-    const std::string line = absl::StrFormat(
-        "attend id=%s shape=[%d, %d, %d/%d, %d] %s spec=%s code=%s receive=%.3fs queue=%.3fs "
-        "compute=%.3fs (copy=%.4fs kernel=%.4fs) total=%.3fs devices=%s%s%s",
-        request_id_.empty() ? "-" : request_id_, sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
-        sh.head_dim, assembler_.has_header() ? std::string(DTypeName(assembler_.dtype())) : "-",
-        assembler_.has_header() ? SpecSummary(assembler_.spec()) : "-", GrpcCodeName(code),
-        receive_seconds_, queue_seconds_, compute_seconds_, copy_seconds_, kernel_seconds_, total,
-        devices_.empty() ? "-" : absl::StrJoin(devices_, ","),
-        status.ok() ? "" : " error=", status.ok() ? "" : std::string(status.message()));
-    if (status.ok()) {
-      spdlog::info(line);
-    } else {
-      spdlog::warn(line);
+    if (!recorded_) {
+      // Finish never ran (gRPC ended the call: OnCancel set final_ then, as it does on every
+      // path that skips Finish), or the outcome waited for this point (record_at_done_).
+      absl::Status status =
+          final_.value_or(absl::UnknownError("the call ended without an outcome"));
+      if (record_at_done_ && context_->IsCancelled()) {
+        oversized_message_ = true;
+        status = EndedByGrpc(*context_, CallEndLocked());
+      }
+      RecordOutcome(ToGrpcStatus(status));
     }
     AttentionServiceImpl* service = service_;
     delete this;  // releases the request and response buffers
@@ -260,8 +278,12 @@ class AttentionServiceImpl::AttendReactor final
     last_message_ = absl::Now();
     if (request_.has_chunk()) {
       const int64_t bytes = static_cast<int64_t>(request_.chunk().data().size());
-      uploaded_bytes_ += bytes;
+      received_bytes_ += bytes;
       service_->metrics_->AddReceivedBytes(bytes);
+    }
+    if (request_.has_header() && !assembler_.has_header()) {
+      // Kept before validation, so that a refused header is logged with the id it carried.
+      client_id_ = request_.header().request_id();
     }
     if (absl::Status s = assembler_.Add(request_); !s.ok()) {
       final_ = s;
@@ -307,9 +329,33 @@ class AttentionServiceImpl::AttendReactor final
       }
     }
     // Keep one read in flight: more chunks, the half-close, or a stray extra message.
+    a->read = ArmReadLocked();
+  }
+
+  // Marks the request message (kUnreadMarker) and counts the read about to start.
+  bool ArmReadLocked() {
+    request_.Clear();
+    request_.mutable_chunk()->set_offset(kUnreadMarker);
     reading_ = true;
     ++starting_;
-    a->read = true;
+    return true;
+  }
+
+  CallEnd CallEndLocked() const {
+    CallEnd end;
+    end.server_stopping = service_->stopping();
+    end.oversized_message = oversized_message_;
+    end.stage = StageName(stage_);
+    return end;
+  }
+
+  // The id the log shows: the echoed one (the client's, or one made up for an empty id), else
+  // the one a refused header carried, else "-".
+  const std::string& LoggedIdLocked() const {
+    static const std::string* const kNone = new std::string("-");
+    if (!request_id_.empty()) return request_id_;
+    if (!client_id_.empty()) return client_id_;
+    return *kNone;
   }
 
   // From a worker (or the scheduler) thread, exactly once per submitted job.
@@ -417,6 +463,7 @@ class AttentionServiceImpl::AttendReactor final
       c->set_offset(offset);
       c->set_data(reinterpret_cast<const char*>(base + offset), static_cast<size_t>(n));
       send_offset_ += n;
+      sent_bytes_ += n;
       service_->metrics_->AddSentBytes(n);
     }
     write_in_flight_ = true;
@@ -428,18 +475,25 @@ class AttentionServiceImpl::AttendReactor final
   Actions FinishIfReadyLocked() {
     Actions a;
     if (!final_ || finished_ || write_in_flight_ || job_outstanding_ || starting_ > 0) return a;
+    // A cancelled call waits for its read in flight: its failure tells the cause (OnReadDone).
+    if (cancelled_ && reading_) return a;
     finished_ = true;
     a.finish = ToGrpcStatus(*final_);
-    // Counted before the status goes out, so a caller that sees its status and then scrapes
-    // /metrics finds its call counted.
-    RecordOutcome(a.finish->error_code());
+    // Counted and logged before the status goes out, so a caller that sees its status and then
+    // scrapes /metrics (or reads the log) finds its call there.
+    if (!record_at_done_) RecordOutcome(*a.finish);
     return a;
   }
 
-  // The request counters of this call: exactly once, at Finish (or at OnDone if it never came).
-  void RecordOutcome(grpc::StatusCode code) {
+  // The one place a call's outcome is counted (attnserve_requests_total{code}) and logged (the
+  // request line): exactly once, at Finish (or at OnDone if it never came), with the status the
+  // client received. Every path that ends a call sets final_ to that status (see OnCancel and
+  // call_outcome.h for the ones gRPC ends).
+  void RecordOutcome(const grpc::Status& status) {
     recorded_ = true;
+    const grpc::StatusCode code = status.error_code();
     const double total = absl::ToDoubleSeconds(absl::Now() - start_);
+    LogRequestLine(status, total);
     service_->metrics_->RecordRequest(code, total);
     service_->metrics_->AddInflight(-1);
     if (code == grpc::StatusCode::OK) {
@@ -452,6 +506,34 @@ class AttentionServiceImpl::AttendReactor final
       s.send = std::max(0.0, total - receive_seconds_ - queue_seconds_ - compute_seconds_);
       service_->metrics_->RecordStages(s);
     }
+  }
+
+  // The request line (server/README.md "Logs"): client-supplied text sanitized by LogEvent.
+  void LogRequestLine(const grpc::Status& status, double total) const {
+    LogEvent e("attend");
+    e.Custom("id", LogValue(LoggedIdLocked(), kMaxRequestIdBytes), "request_id",
+             JsonQuote(SanitizeForLog(LoggedIdLocked(), kMaxRequestIdBytes)));
+    e.Custom("code", GrpcCodeName(status.error_code()), "code",
+             JsonQuote(GrpcCodeName(status.error_code())));
+    if (assembler_.has_header()) {
+      const AttentionShape& sh = assembler_.shape();
+      e.Custom("shape",
+               absl::StrFormat("[%d,%d,%d/%d,%d]", sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
+                               sh.head_dim),
+               "shape",
+               absl::StrFormat("[%d,%d,%d,%d,%d]", sh.batch, sh.tokens, sh.q_heads, sh.kv_heads,
+                               sh.head_dim));
+      e.Str("dtype", DTypeName(assembler_.dtype()));
+      e.Str("spec", SpecSummary(assembler_.spec()));
+      if (!assembler_.header().context().empty()) e.Str("context", assembler_.header().context());
+    }
+    e.Int("bytes_in", received_bytes_).Int("bytes_out", sent_bytes_);
+    e.Seconds("receive", receive_seconds_).Seconds("queue", queue_seconds_);
+    e.Seconds("compute", compute_seconds_).Seconds("copy", copy_seconds_);
+    e.Seconds("kernel", kernel_seconds_).Seconds("total", total);
+    e.Str("devices", devices_.empty() ? "-" : absl::StrJoin(devices_, ","));
+    if (!status.ok()) e.Str("error", status.error_message(), 1024);
+    e.Log(status.ok() ? spdlog::level::info : spdlog::level::warn);
   }
 
   // Runs the decided operations outside mu_. Nothing touches `this` after Finish.
@@ -479,7 +561,12 @@ class AttentionServiceImpl::AttendReactor final
   RequestAssembler assembler_;
   v1::AttendRequest request_;    // target of the read in flight
   v1::AttendResponse response_;  // source of the write in flight
-  std::string request_id_;
+  std::string request_id_;       // echoed in the response: the client's (valid) id or one made up
+  std::string client_id_;        // the id a header carried, as sent (logged when refused)
+  bool oversized_message_ = false;  // gRPC refused a message above its max receive size
+  bool record_at_done_ = false;     // the outcome is only known at OnDone (see OnReadDone)
+  int64_t received_bytes_ = 0;      // chunk payload bytes
+  int64_t sent_bytes_ = 0;
   std::shared_ptr<Job> job_;  // while submitted
   bool job_outstanding_ = false;
   bool reading_ = false;
@@ -494,10 +581,8 @@ class AttentionServiceImpl::AttendReactor final
   JobResult result_;
   std::optional<absl::Status> final_;  // the outcome, once decided
   bool finished_ = false;
-
   const absl::Time start_;
   absl::Time last_message_;    // of the request stream (start_ before any)
-  int64_t uploaded_bytes_ = 0;  // chunk payload bytes received
   absl::Time all_written_at_;  // when the last response message was written
   double receive_seconds_ = 0;
   double queue_seconds_ = 0;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -11,8 +12,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/util/json.h"
+#include "core/util/log_safe.h"
 #include "core/util/status_macros.h"
+#include "grpc/grpc.h"
+#include "server/grpc/call_outcome.h"
 #include "server/grpc/service.h"
+#include "server/request_log.h"
 #include "spdlog/spdlog.h"
 #include "wire/convert.h"
 #include "wire/status.h"
@@ -99,10 +106,21 @@ class AttentionServiceImpl::AppendReactor final
       if (final_) return;  // the watchdog ended the call (and Finish is on its way)
       last_message_ = absl::Now();
       if (ok && request_.has_chunk()) {
-        uploaded_bytes_ += static_cast<int64_t>(request_.chunk().data().size());
+        received_bytes_ += static_cast<int64_t>(request_.chunk().data().size());
       }
-      // !ok: the client half-closed (or the call broke: then Finish goes nowhere).
-      s = ok ? Add() : Commit();
+      if (ok) {
+        s = Add();
+      } else if (request_.chunk().offset() != kUnreadMarker) {
+        // A message arrived but did not parse (see attend_reactor.cc); gRPC leaves the call open.
+        if (!has_header_) name_ = request_.header().context();
+        s = UnparseableMessage(request_, "AppendContextRequest");
+      } else {
+        // The client half-closed, or gRPC ended the call (then Finish goes nowhere and OnDone
+        // logs gRPC's status instead). A read that failed without the stream failing first, on a
+        // call gRPC ended, was a message gRPC dropped for its size.
+        read_dropped_ = grpc_call_failed_before_recv_message(context_->c_call()) == 0;
+        s = context_->IsCancelled() ? absl::CancelledError("cancelled") : Commit();
+      }
       request_.Clear();  // a chunk's payload is copied: free it now
       if (!ok || !s.ok()) {
         final_ = s;
@@ -112,8 +130,7 @@ class AttentionServiceImpl::AppendReactor final
       }
     }
     if (!ok || !s.ok()) {
-      if (!s.ok()) spdlog::warn("append context '{}': {}", name_, s.ToString());
-      Finish(ToGrpcStatus(s));
+      Finish(ToGrpcStatus(s));  // OnDone logs the outcome
       return;
     }
     StartReadAndSettle();
@@ -125,13 +142,12 @@ class AttentionServiceImpl::AppendReactor final
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock() || final_) return nullptr;
     std::optional<absl::Status> verdict =
-        CheckUpload(service_->options_.streams, start_, last_message_, uploaded_bytes_, now,
+        CheckUpload(service_->options_.streams, start_, last_message_, received_bytes_, now,
                     "appending to the context");
     if (!verdict) return nullptr;
     final_ = *std::move(verdict);
     tensors_ = {};
     reservation_.Release();
-    spdlog::warn("append context '{}': {}", name_.empty() ? "-" : name_, final_->ToString());
     if (starting_ > 0) return nullptr;  // StartReadAndSettle finishes the call
     finished_ = true;
     return [this, status = ToGrpcStatus(*final_)] { Finish(status); };
@@ -139,6 +155,28 @@ class AttentionServiceImpl::AppendReactor final
 
   void OnDone() override {
     service_->watchdog_->Remove(this);
+    // What the client received: ours, unless gRPC ended the call first (it is then cancelled,
+    // and our status never left).
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status = final_.value_or(absl::UnknownError("the call ended without an outcome"));
+    }
+    if (context_->IsCancelled()) {
+      CallEnd end;
+      end.server_stopping = service_->stopping();
+      end.oversized_message = read_dropped_;
+      end.stage = "receiving the rows";
+      status = EndedByGrpc(*context_, end);
+    }
+    LogEvent e("append_context");
+    e.Str("context", name_.empty() ? "-" : name_, 128);
+    e.Custom("code", GrpcCodeName(ToGrpcStatus(status).error_code()), "code",
+             JsonQuote(GrpcCodeName(ToGrpcStatus(status).error_code())));
+    e.Int("rows", tokens_).Int("bytes_in", received_bytes_);
+    e.Seconds("total", absl::ToDoubleSeconds(absl::Now() - start_));
+    if (!status.ok()) e.Str("error", std::string(status.message()), 1024);
+    e.Log(status.ok() ? spdlog::level::info : spdlog::level::warn);
     AttentionServiceImpl* service = service_;
     delete this;  // frees the staged rows
     service->CallEnded();
@@ -245,9 +283,14 @@ class AttentionServiceImpl::AppendReactor final
     return absl::OkStatus();
   }
 
-  // Starts the next read, then finishes the call if the watchdog ended it meanwhile (it leaves
+  // See attend_reactor.cc: a failed read that leaves this in chunk.offset received no message.
+  static constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
+
+  // Starts the next read (the request marked with kUnreadMarker), then finishes the call if the watchdog ended it meanwhile (it leaves
   // Finish to us while a read is being started).
   void StartReadAndSettle() {
+    request_.Clear();
+    request_.mutable_chunk()->set_offset(kUnreadMarker);
     StartRead(&request_);
     std::optional<grpc::Status> finish;
     {
@@ -270,7 +313,8 @@ class AttentionServiceImpl::AppendReactor final
   int starting_ = 0;                   // reads being started
   const absl::Time start_;
   absl::Time last_message_;
-  int64_t uploaded_bytes_ = 0;
+  int64_t received_bytes_ = 0;  // chunk payload bytes
+  bool read_dropped_ = false;   // the last read failed without the stream failing first
   UploadBudget::Reservation reservation_;
   v1::AppendContextRequest request_;
   bool has_header_ = false;
@@ -307,10 +351,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
   config.ttl = absl::Seconds(request->ttl_seconds());
   absl::StatusOr<ContextInfo> info = contexts_->CreateContext(OwnerOf(*context), config);
   if (!info.ok()) {
-    spdlog::warn("create context '{}': {}", request->name(), info.status().ToString());
+    spdlog::warn("create context {}: {}", LogValue(request->name(), 128),
+                 SanitizeForLog(info.status().ToString(), 1024));
     return FinishWith(context, info.status());
   }
-  spdlog::info("create context '{}' on {}: {} bytes reserved{}", config.name, info->device,
+  spdlog::info("create context {} on {}: {} bytes reserved{}", LogValue(config.name, 128),
+               info->device,
                info->bytes,
                info->shards.size() > 1 ? absl::StrCat(" in ", info->shards.size(), " shards") : "");
   ContextStatusToProto(*info, response->mutable_context());
@@ -330,7 +376,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteContext(
     v1::DeleteContextResponse* response) {
   absl::StatusOr<int64_t> in_use = contexts_->Delete(OwnerOf(*context), request->name());
   if (in_use.ok()) {
-    spdlog::info("delete context '{}'{}", request->name(),
+    spdlog::info("delete context {}{}", LogValue(request->name(), 128),
                  *in_use > 0 ? absl::StrCat(": ", *in_use, " request(s) still use it") : "");
     response->set_in_use(*in_use);
   }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log_safe.h"
 #include "server/grpc/service.h"
 #include "spdlog/spdlog.h"
 #include "wire/status.h"
@@ -57,11 +58,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::RegisterRegion(
       break;
   }
   if (!info.ok()) {
-    spdlog::warn("register region '{}': {}", request->name(), info.status().ToString());
+    spdlog::warn("register region {}: {}", LogValue(request->name(), 128),
+                 SanitizeForLog(info.status().ToString(), 1024));
     return FinishWith(context, info.status());
   }
-  spdlog::info("register region '{}': {} {} bytes{}", info->name, std::string(RegionKindName(info->kind)),
-               info->bytes, info->shm_key.empty() ? "" : absl::StrCat(" at ", info->shm_key));
+  spdlog::info("register region {}: {} {} bytes{}", LogValue(info->name, 128),
+               std::string(RegionKindName(info->kind)), info->bytes,
+               info->shm_key.empty() ? "" : absl::StrCat(" at ", LogValue(info->shm_key, 256)));
   ToProto(*info, response->mutable_region());
   return FinishWith(context, absl::OkStatus());
 }
@@ -71,7 +74,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::UnregisterRegion(
     v1::UnregisterRegionResponse* response) {
   absl::StatusOr<UnregisterOutcome> out = regions_->Unregister(OwnerOf(*context), request->name());
   if (!out.ok()) return FinishWith(context, out.status());
-  spdlog::info("unregister region '{}'{}", request->name(),
+  spdlog::info("unregister region {}{}", LogValue(request->name(), 128),
                out->in_use ? absl::StrCat(": ", out->leases, " request(s) still use it") : "");
   response->set_in_use(out->in_use);
   response->set_leases(out->leases);

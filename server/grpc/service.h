@@ -89,6 +89,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // continue.
   void StartDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
+  // Called right before grpc::Server::Shutdown cancels the calls still running after the drain:
+  // their outcome (log line, metrics) is then the shutdown's UNAVAILABLE, not a client cancel.
+  void MarkStopping() { stopping_.store(true); }
+  bool stopping() const { return stopping_.load(); }
   // Blocks until no Attend call is in progress or `deadline` passes; true when none is.
   bool WaitForIdle(absl::Time deadline);
   int64_t active_calls() const;
@@ -131,6 +135,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<ContextStore> contexts_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> stopping_{false};
   const std::string run_id_;
   std::atomic<uint64_t> next_id_{1};
 

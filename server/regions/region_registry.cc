@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log_safe.h"
 
 namespace attnserve {
 namespace {
@@ -40,7 +41,8 @@ absl::Status CheckName(const std::string& name) {
                     c == '_' || c == '.' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError(
-          absl::StrCat("name: '", name, "' may only hold letters, digits, '_', '.' and '-'"));
+          absl::StrCat("name: '", SanitizeForLog(name, 128),
+                       "' may only hold letters, digits, '_', '.' and '-'"));
     }
   }
   return absl::OkStatus();
@@ -75,7 +77,8 @@ class RegistryImpl final : public RegionRegistry {
       SweepLocked();
       auto it = entries_.find(name);
       if (it == entries_.end() || it->second->pending) {
-        return absl::NotFoundError(absl::StrCat("name: no region named '", name, "'"));
+        return absl::NotFoundError(
+            absl::StrCat("name: no region named '", SanitizeForLog(name, 128), "'"));
       }
       Entry& e = *it->second;
       if (e.closing) {
@@ -110,10 +113,12 @@ class RegistryImpl final : public RegionRegistry {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = entries_.find(name);
       if (it == entries_.end() || it->second->pending) {
-        return absl::NotFoundError(absl::StrCat("no region named '", name, "'"));
+        return absl::NotFoundError(
+            absl::StrCat("no region named '", SanitizeForLog(name, 128), "'"));
       }
       if (it->second->closing && it->second->mapped.expired()) {
-        return absl::NotFoundError(absl::StrCat("no region named '", name, "'"));
+        return absl::NotFoundError(
+            absl::StrCat("no region named '", SanitizeForLog(name, 128), "'"));
       }
       if (it->second->closing) {
         return absl::FailedPreconditionError(

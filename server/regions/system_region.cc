@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log_safe.h"
 #include "server/regions/region_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -53,9 +54,9 @@ class SystemRegion final : public Region {
     struct stat st {};
     if (fstat(fd_, &st) != 0 || st.st_size < offset_ + bytes()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "region ", name(), ": shared memory object \"", shm_key_, "\" is now ",
-          static_cast<int64_t>(st.st_size), " bytes, smaller than offset ", offset_, " + ",
-          bytes(), " bytes"));
+          "region ", name(), ": shared memory object \"", SanitizeForLog(shm_key_, 256),
+          "\" is now ", static_cast<int64_t>(st.st_size), " bytes, smaller than offset ", offset_,
+          " + ", bytes(), " bytes"));
     }
     return absl::OkStatus();
   }
@@ -104,8 +105,9 @@ absl::StatusOr<std::unique_ptr<Region>> OpenSystemRegion(const std::string& name
                                                          int64_t offset, int64_t bytes,
                                                          HostMemory* host_memory) {
   if (shm_key.size() < 2 || shm_key[0] != '/' || shm_key.find('/', 1) != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "system.shm_key: must be '/' followed by a name without '/', got \"", shm_key, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("system.shm_key: must be '/' followed by a name without '/', got \"",
+                     SanitizeForLog(shm_key, 256), "\""));
   }
   if (offset < 0 || offset % 64 != 0) {
     return absl::InvalidArgumentError(
@@ -118,19 +120,20 @@ absl::StatusOr<std::unique_ptr<Region>> OpenSystemRegion(const std::string& name
   if (fd < 0) {
     const int err = errno;
     return ErrnoStatus(err, absl::StrCat("system.shm_key: cannot open shared memory object \"",
-                                         shm_key, "\""));
+                                         SanitizeForLog(shm_key, 256), "\""));
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     close(fd);
-    return ErrnoStatus(err, absl::StrCat("system.shm_key: fstat of \"", shm_key, "\""));
+    return ErrnoStatus(
+        err, absl::StrCat("system.shm_key: fstat of \"", SanitizeForLog(shm_key, 256), "\""));
   }
   if (st.st_size < offset || st.st_size - offset < bytes) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat(
         "system.bytes: offset ", offset, " + ", bytes, " bytes exceeds shared memory object \"",
-        shm_key, "\" of ", static_cast<int64_t>(st.st_size), " bytes"));
+        SanitizeForLog(shm_key, 256), "\" of ", static_cast<int64_t>(st.st_size), " bytes"));
   }
   const int64_t page = sysconf(_SC_PAGESIZE);
   const int64_t map_offset = offset / page * page;
@@ -140,8 +143,8 @@ absl::StatusOr<std::unique_ptr<Region>> OpenSystemRegion(const std::string& name
   if (base == MAP_FAILED) {
     const int err = errno;
     close(fd);
-    return ErrnoStatus(err, absl::StrCat("system: mmap of ", map_len, " bytes of \"", shm_key,
-                                         "\""));
+    return ErrnoStatus(err, absl::StrCat("system: mmap of ", map_len, " bytes of \"",
+                                         SanitizeForLog(shm_key, 256), "\""));
   }
   bool page_locked = false;
   if (host_memory != nullptr && host_memory->page_locked()) {

@@ -1,115 +1,38 @@
 // Malformed Attend streams sent with the raw generated stub: each gets the right gRPC code and a
-// message naming the field, the server stays up, and afterwards its memory and in-flight gauges
-// are back at their baseline and a good request still matches the reference.
+// message naming the field, its log line says that code and the id it sent, the server stays
+// up, and afterwards its memory and in-flight gauges are back at their baseline and a good
+// request still matches the reference.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
 #include "client/attn_client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
+#include "tests/integration/attend_streams.h"
 #include "tests/integration/server_fixture.h"
+#include "wire/status.h"
 
 namespace attnserve::testing {
 namespace {
-
-namespace v1 = ::attnserve::v1;
-
-// The server of this suite accepts chunks up to this size, so that one case can exceed it cheaply.
-constexpr int64_t kMaxChunkBytes = int64_t{1} << 20;
-// The good request every case starts from: f32 [1, 128, 2, 32], kv_heads 1, dense.
-constexpr int64_t kTokens = 128;
-constexpr int64_t kQHeads = 2;
-constexpr int64_t kKvHeads = 1;
-constexpr int64_t kHeadDim = 32;
-constexpr int64_t kQBytes = kTokens * kQHeads * kHeadDim * 4;
-constexpr int64_t kKvBytes = kTokens * kKvHeads * kHeadDim * 4;
-
-v1::AttendHeader GoodHeader() {
-  v1::AttendHeader h;
-  h.set_request_id("bad-request-test");
-  h.set_dtype(v1::DTYPE_F32);
-  h.set_batch(1);
-  h.set_tokens(kTokens);
-  h.set_q_heads(kQHeads);
-  h.set_kv_heads(kKvHeads);
-  h.set_head_dim(kHeadDim);
-  h.mutable_spec()->mutable_dense();
-  h.set_return_lse(true);
-  return h;
-}
-
-v1::AttendRequest HeaderMsg(const v1::AttendHeader& h) {
-  v1::AttendRequest r;
-  *r.mutable_header() = h;
-  return r;
-}
-
-// `size` bytes of well-formed f32 values (so the data itself is never the problem).
-std::string Payload(int64_t size, uint64_t seed) {
-  std::string out(static_cast<size_t>(size), '\0');
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i + 4 <= size; i += 4) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    // A float in [1, 2): exponent 127, random mantissa.
-    const uint32_t bits = 0x3f800000u | static_cast<uint32_t>((x >> 41) & 0x7fffffu);
-    std::memcpy(out.data() + i, &bits, 4);
-  }
-  return out;
-}
-
-v1::AttendRequest ChunkMsg(v1::TensorKind kind, int64_t offset, int64_t size) {
-  v1::AttendRequest r;
-  r.mutable_chunk()->set_tensor(kind);
-  r.mutable_chunk()->set_offset(offset);
-  r.mutable_chunk()->set_data(Payload(size, static_cast<uint64_t>(offset) + kind));
-  return r;
-}
-
-// Every byte of Q, K and V for `h` (sizes from its dims, f32), in chunks of `chunk` bytes.
-std::vector<v1::AttendRequest> AllChunks(const v1::AttendHeader& h, int64_t chunk = 8192) {
-  const int64_t rows = h.batch() * h.tokens() * h.head_dim() * 4;
-  const std::pair<v1::TensorKind, int64_t> tensors[] = {{v1::TENSOR_Q, rows * h.q_heads()},
-                                                        {v1::TENSOR_K, rows * h.kv_heads()},
-                                                        {v1::TENSOR_V, rows * h.kv_heads()}};
-  std::vector<v1::AttendRequest> out;
-  for (const auto& [kind, total] : tensors) {
-    for (int64_t off = 0; off < total; off += chunk) {
-      out.push_back(ChunkMsg(kind, off, std::min(chunk, total - off)));
-    }
-  }
-  return out;
-}
-
-// A header plus all chunks of it.
-std::vector<v1::AttendRequest> FullRequest(const v1::AttendHeader& h) {
-  std::vector<v1::AttendRequest> out = {HeaderMsg(h)};
-  for (v1::AttendRequest& c : AllChunks(h)) out.push_back(std::move(c));
-  return out;
-}
-
-std::vector<v1::AttendRequest> WithHeader(std::function<void(v1::AttendHeader&)> edit) {
-  v1::AttendHeader h = GoodHeader();
-  edit(h);
-  return FullRequest(h);
-}
-
-// Only a header (edited from the good one): the server must refuse it before any chunk.
-std::vector<v1::AttendRequest> HeaderOnly(std::function<void(v1::AttendHeader&)> edit) {
-  v1::AttendHeader h = GoodHeader();
-  edit(h);
-  return {HeaderMsg(h)};
-}
 
 std::vector<v1::AttendRequest> WithSpecJson(const std::string& json) {
   v1::AttendHeader h = GoodHeader();
@@ -136,21 +59,6 @@ std::vector<v1::AttendRequest> WithChunksOf(v1::TensorKind kind,
   }
   return out;
 }
-
-struct BadCase {
-  std::string name;
-  std::vector<v1::AttendRequest> messages;
-  grpc::StatusCode code;
-  // Substring the error message must contain: the field it names. Empty for the codes gRPC
-  // produces on the client side (deadline, cancel), whose messages are gRPC's own.
-  std::string field;
-  absl::Duration deadline = absl::Seconds(30);
-  // Cancel the call (ClientContext::TryCancel) after this many messages.
-  int cancel_after = -1;
-  // Whether response messages may precede the error: a stray chunk after a complete upload can
-  // reach the server after the job has run and its response has started.
-  bool may_respond = false;
-};
 
 // Chunks that do not add up: short, missing, overlapping, out of range, out of order.
 void AddChunkCases(std::vector<BadCase>& cases) {
@@ -343,38 +251,6 @@ std::vector<BadCase> BadCases() {
   return cases;
 }
 
-struct RawOutcome {
-  grpc::Status status;
-  int responses = 0;
-};
-
-// Sends `c.messages` on one Attend stream with the sync API, then WritesDone (unless cancelled),
-// reads until the stream ends and returns the final status. Every step is bounded by the
-// call's deadline.
-RawOutcome SendRaw(v1::AttentionService::Stub* stub, const BadCase& c) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + c.deadline));
-  std::unique_ptr<grpc::ClientReaderWriter<v1::AttendRequest, v1::AttendResponse>> stream =
-      stub->Attend(&context);
-  bool cancelled = false;
-  for (size_t i = 0; i < c.messages.size(); ++i) {
-    if (c.cancel_after >= 0 && static_cast<int>(i) == c.cancel_after) {
-      context.TryCancel();
-      cancelled = true;
-      break;
-    }
-    if (!stream->Write(c.messages[i])) break;  // the server already ended the call
-  }
-  if (!cancelled) stream->WritesDone();
-  RawOutcome out;
-  v1::AttendResponse response;
-  // A stream that ends in an error carries no responses; a response stream is at most a header
-  // plus the output chunks, all bounded by the deadline.
-  while (stream->Read(&response)) ++out.responses;
-  out.status = stream->Finish();
-  return out;
-}
-
 class BadRequestTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -418,8 +294,16 @@ TEST_F(BadRequestTest, EveryMalformedStreamIsRefusedAndTheServerRecovers) {
 
   const std::vector<BadCase> cases = BadCases();
   ASSERT_GE(cases.size(), 20u);
-  for (const BadCase& c : cases) {
+  for (BadCase c : cases) {
     SCOPED_TRACE(c.name);
+    // Each case's headers carry its own id; the log line must show it, or "-" when the server
+    // refused the stream before it read a header.
+    const std::string id = "bad-" + c.name;
+    for (v1::AttendRequest& m : c.messages) {
+      if (m.has_header()) m.mutable_header()->set_request_id(id);
+    }
+    const std::string logged_id = c.messages.front().has_header() ? id : "-";
+    const size_t lines_before = AttendLines(server_->process().Log(kWholeLog)).size();
     const absl::Time start = absl::Now();
     const RawOutcome out = SendRaw(stub_.get(), c);
     std::printf("%-36s -> %s: %s (%.3f s)\n", c.name.c_str(),
@@ -433,6 +317,11 @@ TEST_F(BadRequestTest, EveryMalformedStreamIsRefusedAndTheServerRecovers) {
     if (!c.may_respond) {
       EXPECT_EQ(out.responses, 0);
     }
+    const std::vector<std::string> lines = WaitForAttendLines(*server_, lines_before);
+    ASSERT_EQ(lines.size(), lines_before + 1) << "one request line per call:\n" << server_->Log();
+    std::map<std::string, std::string> fields = LineFields(lines.back());
+    EXPECT_EQ(fields["id"], logged_id) << lines.back();
+    EXPECT_EQ(fields["code"], GrpcCodeName(out.status.error_code())) << lines.back();
     ASSERT_TRUE(server_->Running()) << "attnserve died on case " << c.name << ":\n"
                                     << server_->Log();
     absl::Status health = server_->CheckHealth();
