@@ -53,7 +53,8 @@ class AttentionServiceImpl::AttendReactor final
   AttendReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        assembler_(AssemblerLimits(service)),
+        caller_(service->AdmitStream(*context, &stream_slot_)),
+        assembler_(AssemblerLimits(service, caller_)),
         start_(absl::Now()) {
     service_->CallStarted();
     service_->metrics_->AddInflight(1);
@@ -62,6 +63,9 @@ class AttentionServiceImpl::AttendReactor final
       std::lock_guard<std::mutex> lock(mu_);
       if (service_->draining()) {
         final_ = absl::UnavailableError("server is draining");
+        a = FinishIfReadyLocked();
+      } else if (!caller_.ok()) {
+        final_ = caller_.status();  // no token, a wrong one, or the caller's streams are all used
         a = FinishIfReadyLocked();
       } else {
         reading_ = true;
@@ -192,12 +196,14 @@ class AttentionServiceImpl::AttendReactor final
     std::optional<grpc::Status> finish;
   };
 
-  static AssemblerOptions AssemblerLimits(AttentionServiceImpl* service) {
+  static AssemblerOptions AssemblerLimits(
+      AttentionServiceImpl* service, const absl::StatusOr<std::shared_ptr<auth::Principal>>& caller) {
     AssemblerOptions o = service->options_.limits;
     o.tracker = &service->request_memory_;
     o.host_memory = &service->pool_->device(0).host_memory();
     o.regions = service->regions_.get();
-    o.region_owner = "";  // one namespace per server today (server/regions/region_registry.h)
+    // The caller's regions and contexts only (an unauthenticated call never reads a message).
+    o.region_owner = caller.ok() ? (*caller)->name() : "";
     o.contexts = service->contexts_.get();
     for (size_t i = 0; i < service->pool_->size(); ++i) {
       const int ordinal = service->pool_->device(i).cuda_ordinal();
@@ -229,6 +235,12 @@ class AttentionServiceImpl::AttendReactor final
   void OnMessageLocked(Actions* a) {
     if (request_.has_chunk()) {
       service_->metrics_->AddReceivedBytes(static_cast<int64_t>(request_.chunk().data().size()));
+    }
+    if (request_.has_header() && !assembler_.has_header()) {
+      if (absl::Status s = CheckAttendHeader(**caller_, request_.header()); !s.ok()) {
+        final_ = s;
+        return;
+      }
     }
     if (absl::Status s = assembler_.Add(request_); !s.ok()) {
       final_ = s;
@@ -433,6 +445,10 @@ class AttentionServiceImpl::AttendReactor final
 
   AttentionServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
+  // The caller (server/auth/) and its stream, held for the whole call; before assembler_, whose
+  // owner it names.
+  auth::StreamSlot stream_slot_;
+  const absl::StatusOr<std::shared_ptr<auth::Principal>> caller_;
 
   std::mutex mu_;
   Stage stage_ = Stage::kReceiving;

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
 #include "core/tensor/tensor.h"
+#include "server/auth/principals.h"
 #include "server/contexts/context_store.h"
 #include "server/device_pool.h"
 #include "server/metrics.h"
@@ -32,6 +33,12 @@ struct ServiceOptions {
   // Contexts (--context-memory-bytes, --context-ttl, --max-contexts). A budget of 0 means half of
   // the devices' memory together.
   ContextStoreOptions contexts;
+  // Who may call (--token-file; server/auth/principals.h). Null: no tokens, every caller is the
+  // anonymous principal "" without limits of its own. Not owned; must outlive the service.
+  const auth::Authenticator* authenticator = nullptr;
+  // --auth-discovery: Describe needs a token too (with an authenticator; reflection is gated in
+  // main.cc, health never).
+  bool describe_needs_token = false;
 };
 
 // A context's figures as the wire reports them (ContextStatus).
@@ -103,6 +110,19 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
   AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler,
                        Metrics* metrics, std::unique_ptr<ContextStore> contexts);
+  // Security (grpc/auth.cc). The caller of a call, from its `authorization` metadata:
+  // UNAUTHENTICATED when tokens are configured and it carries none, or a wrong one.
+  absl::StatusOr<std::shared_ptr<auth::Principal>> Authorize(
+      const grpc::CallbackServerContext& context) const;
+  // Authorize, then one of the caller's max_concurrent_streams (held while `slot` lives).
+  absl::StatusOr<std::shared_ptr<auth::Principal>> AdmitStream(
+      const grpc::CallbackServerContext& context, auth::StreamSlot* slot) const;
+  // Bytes `owner`'s contexts and shared-memory regions hold now.
+  int64_t ResidentBytes(const std::string& owner);
+  // The caller's max_request_bytes against what an Attend header brings (Q, and K and V unless
+  // they come from a context), before the request assembler allocates anything.
+  static absl::Status CheckAttendHeader(const auth::Principal& caller,
+                                        const v1::AttendHeader& header);
   void CallStarted();
   void CallEnded();
   // "req-<run>-<n>": <run> is 8 hex digits drawn at random when the service starts, <n> counts

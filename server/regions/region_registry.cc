@@ -74,7 +74,8 @@ class RegistryImpl final : public RegionRegistry {
       std::lock_guard<std::mutex> lock(mu_);
       SweepLocked();
       auto it = entries_.find(name);
-      if (it == entries_.end() || it->second->pending) {
+      // Another owner's region is not found: the caller learns nothing about it.
+      if (it == entries_.end() || it->second->pending || it->second->owner != owner) {
         return absl::NotFoundError(absl::StrCat("name: no region named '", name, "'"));
       }
       Entry& e = *it->second;
@@ -97,7 +98,7 @@ class RegistryImpl final : public RegionRegistry {
     std::vector<RegionInfo> out;
     for (const auto& [name, e] : entries_) {
       std::shared_ptr<Region> region = e->mapped.lock();
-      if (e->pending || region == nullptr) continue;
+      if (e->pending || region == nullptr || e->owner != owner) continue;
       out.push_back(InfoOf(*e, *region));
     }
     return out;
@@ -109,7 +110,7 @@ class RegistryImpl final : public RegionRegistry {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = entries_.find(name);
-      if (it == entries_.end() || it->second->pending) {
+      if (it == entries_.end() || it->second->pending || it->second->owner != owner) {
         return absl::NotFoundError(absl::StrCat("no region named '", name, "'"));
       }
       if (it->second->closing && it->second->mapped.expired()) {

@@ -68,6 +68,22 @@ TEST(RegionRegistryTest, RegisterListUnregister) {
   EXPECT_EQ(registry->Acquire("", "in").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(RegionRegistryTest, RegionsAreScopedToTheirOwner) {
+  auto registry = MakeRegionRegistry({});
+  ShmObject shm(8192);
+  ASSERT_TRUE(registry->RegisterSystem("alice", "r", shm.key(), 0, 4096).ok());
+  EXPECT_EQ(registry->List("alice").size(), 1u);
+  EXPECT_TRUE(registry->List("bob").empty());
+  EXPECT_TRUE(registry->List("").empty());
+  EXPECT_EQ(registry->Acquire("bob", "r").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry->Unregister("bob", "r").status().code(), absl::StatusCode::kNotFound);
+  // The name is taken server-wide.
+  EXPECT_EQ(registry->RegisterSystem("bob", "r", shm.key(), 0, 4096).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(registry->Acquire("alice", "r").ok());
+  EXPECT_TRUE(registry->Unregister("alice", "r").ok());
+}
+
 TEST(RegionRegistryTest, WritesThroughTheMappingAreSeenByTheCaller) {
   auto registry = MakeRegionRegistry({});
   ShmObject shm(8192);
