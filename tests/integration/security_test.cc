@@ -3,6 +3,8 @@
 // each per-principal limit, ownership of contexts and regions, and the --auth-discovery gate on
 // Describe and reflection. Certificates are made at run time by scripts/gen-dev-certs into a
 // temporary directory.
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -25,6 +27,9 @@
 #include "gtest/gtest.h"
 #include "tests/integration/server_fixture.h"
 
+#ifndef ATTNCTL_BINARY
+#error "ATTNCTL_BINARY must be defined (path of the attnctl binary)"
+#endif
 #ifndef GEN_DEV_CERTS
 #error "GEN_DEV_CERTS must be defined (path of scripts/gen-dev-certs)"
 #endif
@@ -480,6 +485,37 @@ TEST_F(TokenTest, ContextsAndRegionsBelongToTheirPrincipal) {
   EXPECT_TRUE(bob_->UnregisterRegion("bobs", Short()).ok());
 }
 
+TEST_F(TokenTest, SighupReloadsTheTokenFile) {
+  constexpr char kCarolToken[] = "carol-0123456789abcdef0123456789";
+  std::unique_ptr<client::AttnClient> carol = Client(server_->target(), nullptr, kCarolToken);
+  EXPECT_EQ(carol->ListContexts(Short()).status().code(), absl::StatusCode::kUnauthenticated);
+  // Bob leaves, carol arrives; alice stays.
+  const std::string tmp = dir_->File("tokens.txt.tmp");
+  std::ofstream(tmp) << "alice " << kAliceToken << "\ncarol " << kCarolToken << "\n";
+  ASSERT_EQ(std::rename(tmp.c_str(), dir_->File("tokens.txt").c_str()), 0);
+  ASSERT_EQ(kill(server_->process().pid(), SIGHUP), 0);
+  absl::Status status = absl::UnknownError("not tried");
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up && !status.ok()) {
+    status = carol->ListContexts(Short()).status();
+    if (!status.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(bob_->ListContexts(Short()).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(alice_->ListContexts(Short()).ok());
+  // A broken file is refused and the tokens in force stay.
+  std::ofstream(tmp) << "carol\n";
+  ASSERT_EQ(std::rename(tmp.c_str(), dir_->File("tokens.txt").c_str()), 0);
+  ASSERT_EQ(kill(server_->process().pid(), SIGHUP), 0);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < until && !absl::StrContains(server_->Log(), "tokens in force stay")) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(absl::StrContains(server_->Log(), "line 1: expected NAME TOKEN")) << server_->Log();
+  EXPECT_TRUE(carol->ListContexts(Short()).ok());
+  EXPECT_TRUE(server_->process().Running());
+}
+
 TEST_F(SecurityTest, AuthDiscoveryClosesDescribeAndReflectionButNotHealth) {
   const std::string tokens = certs_->File("discovery_tokens.txt");
   std::ofstream(tokens) << "alice " << kAliceToken << "\n";
@@ -515,6 +551,49 @@ TEST_F(SecurityTest, AuthDiscoveryClosesDescribeAndReflectionButNotHealth) {
     }
     EXPECT_TRUE(server->Stop().ok()) << server->Log();
   }
+}
+
+TEST_F(SecurityTest, AttnctlConnectsWithTlsFlagsAndATokenFile) {
+  const std::string tokens = certs_->File("attnctl_tokens.txt");
+  std::ofstream(tokens) << "alice " << kAliceToken << "\n";
+  const std::string token_file = certs_->File("alice_token.txt");
+  std::ofstream(token_file) << kAliceToken << "\n";
+  ServerOptions options;
+  options.extra_args = TlsFlags("server");
+  options.extra_args.push_back("--tls-client-ca=" + Cert("ca.pem"));
+  options.extra_args.push_back("--token-file=" + tokens);
+  options.extra_args.push_back("--auth-discovery");
+  options.credentials = Tls("ca", "client");
+  std::unique_ptr<ServerProcess> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  // By name: the certificate names localhost; by address with --server-name-override.
+  const std::string port = absl::StrCat(server->port());
+  const std::vector<std::string> tls = {"--ca-cert", Cert("ca.pem"), "--client-cert",
+                                        Cert("client.pem"), "--client-key", Cert("client.key")};
+  const auto attnctl = [&](std::vector<std::string> args) {
+    args.insert(args.end(), tls.begin(), tls.end());
+    return RunLogged("attnctl", ATTNCTL_BINARY, args, absl::Seconds(60));
+  };
+  CommandResult ok = attnctl({"describe", "--server", "localhost:" + port, "--token-file",
+                              token_file, "--timeout", "10s"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_TRUE(absl::StrContains(ok.output, "backend")) << ok.output;
+  CommandResult named = attnctl({"describe", "--server", "127.0.0.1:" + port, "--token-file",
+                                 token_file, "--server-name-override", "attnserve"});
+  EXPECT_EQ(named.exit_code, 0) << named.output;
+  // Without a token: 10 + UNAUTHENTICATED (16); health needs none.
+  CommandResult no_token = attnctl({"describe", "--server", "localhost:" + port});
+  EXPECT_EQ(no_token.exit_code, 26) << no_token.output;
+  CommandResult health = attnctl({"health", "--server", "localhost:" + port});
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  // Without the client certificate: the handshake fails, 10 + UNAVAILABLE (14).
+  CommandResult no_cert =
+      RunLogged("attnctl", ATTNCTL_BINARY,
+                {"health", "--server", "localhost:" + port, "--ca-cert", Cert("ca.pem"),
+                 "--timeout", "3s", "--max-attempts", "1"},
+                absl::Seconds(60));
+  EXPECT_EQ(no_cert.exit_code, 24) << no_cert.output;
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
 TEST_F(SecurityTest, StartUpRefusesBadSecurityFlags) {
