@@ -209,19 +209,22 @@ int PortOf(const std::string& address) {
   return port;
 }
 
-// What the defaults expose, said once at start-up: a port others can reach without TLS or
-// tokens is a warning.
+// What the defaults expose, said once at start-up: a port others can reach without TLS, or that
+// anyone can use (no client certificates, no tokens), is a warning.
 void LogExposure(const std::string& grpc_address, const std::string& metrics_address,
                  const SecuritySetup& s) {
-  if (!auth::IsLoopbackAddress(grpc_address) && (!s.tls || s.authenticator == nullptr)) {
+  const bool authenticated = s.mutual_tls || s.authenticator != nullptr;
+  if (!auth::IsLoopbackAddress(grpc_address) && (!s.tls || !authenticated)) {
+    const char* what =
+        !s.tls && !authenticated ? "without TLS and without tokens: anyone who can reach the port "
+                                   "can use every RPC"
+        : !s.tls ? "without TLS: tokens and tensors cross the network in the clear"
+                 : "without client certificates or tokens: anyone who can reach the port can use "
+                   "every RPC";
     spdlog::warn(
-        "attnserve: gRPC on {} (not loopback){}{}: anyone who can reach the port {}; see "
-        "README.md \"Security\" (--tls-cert/--tls-key, --tls-client-ca, --token-file)",
-        grpc_address, s.tls ? "" : " without TLS", s.authenticator ? "" : " without tokens",
-        s.authenticator ? "can read the traffic" : "can use every RPC");
-  }
-  if (s.authenticator != nullptr && !s.tls) {
-    spdlog::warn("attnserve: bearer tokens over a plaintext port can be read off the network");
+        "attnserve: gRPC on {} (not loopback) {}; see README.md \"Security\" (--tls-cert, "
+        "--tls-key, --tls-client-ca, --token-file)",
+        grpc_address, what);
   }
   if (!metrics_address.empty() && !auth::IsLoopbackAddress(metrics_address)) {
     spdlog::info(
@@ -377,7 +380,9 @@ int Main() {
                 WithPort(metrics_options.listen, *(*metrics)->port()).c_str());
   }
   std::fflush(stdout);
-  LogExposure(bound, metrics_options.listen, *security);
+  LogExposure(bound,
+              (*metrics)->port() ? WithPort(metrics_options.listen, *(*metrics)->port()) : "",
+              *security);
   spdlog::info("attnserve {} serving on {} with backend {} ({} device(s): {})", ATTNSERVE_VERSION,
                bound, BackendName((*pool)->backend()), (*pool)->size(), (*pool)->device(0).name());
   if (!absl::GetFlag(FLAGS_port_file).empty()) {

@@ -596,6 +596,29 @@ TEST_F(SecurityTest, AttnctlConnectsWithTlsFlagsAndATokenFile) {
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
+TEST_F(SecurityTest, OpenPortsAreWarnedAboutAndMetricsCanStayOnLoopback) {
+  absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("attnserve_sec_exposure_");
+  ASSERT_TRUE(dir.ok());
+  // gRPC on every interface without TLS or tokens; metrics asked for every interface too, but
+  // --metrics-loopback-only keeps them on 127.0.0.1.
+  absl::StatusOr<std::unique_ptr<ChildProcess>> server = ChildProcess::Spawn(
+      ATTNSERVE_BINARY,
+      {"--listen=0.0.0.0:0", "--port-file=" + (*dir)->File("port"), "--metrics-listen=0.0.0.0:0",
+       "--metrics-loopback-only", "--backend=cpu"},
+      (*dir)->File("log"));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up && !std::ifstream((*dir)->File("port")).good()) {
+    ASSERT_TRUE((*server)->Running()) << (*server)->Log();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string log = (*server)->Log();
+  EXPECT_TRUE(absl::StrContains(log, "metrics on http://127.0.0.1:")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "(not loopback) without TLS and without tokens")) << log;
+  EXPECT_FALSE(absl::StrContains(log, "is open to anyone who can reach it")) << log;
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
 TEST_F(SecurityTest, StartUpRefusesBadSecurityFlags) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--tls-cert=" + Cert("server.pem")}, "--tls-cert and --tls-key: give both or neither"},
