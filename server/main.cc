@@ -247,6 +247,39 @@ void ReloadTokens(auth::Authenticator* authenticator) {
                authenticator->path());
 }
 
+// Blocks until SIGTERM or SIGINT (returned); a SIGHUP meanwhile re-reads the token file.
+int WaitForStopSignal(const sigset_t& signals, auth::Authenticator* authenticator) {
+  int sig = 0;
+  for (;;) {
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    ReloadTokens(authenticator);
+  }
+}
+
+// Waits for the calls in progress, up to --drain-timeout; a second SIGTERM/SIGINT cuts the wait
+// short.
+void DrainCalls(AttentionServiceImpl& service, const sigset_t& signals,
+                auth::Authenticator* authenticator) {
+  const absl::Time drain_deadline = absl::Now() + absl::GetFlag(FLAGS_drain_timeout);
+  bool idle = false;
+  for (;;) {
+    idle = service.WaitForIdle(std::min(drain_deadline, absl::Now() + absl::Milliseconds(100)));
+    if (idle || absl::Now() >= drain_deadline) break;
+    const timespec zero{0, 0};
+    const int more = sigtimedwait(&signals, nullptr, &zero);
+    if (more == SIGHUP) ReloadTokens(authenticator);
+    if (more > 0 && more != SIGHUP) {
+      spdlog::warn("attnserve: second signal, stopping now");
+      break;
+    }
+  }
+  if (!idle) {
+    spdlog::warn("attnserve: {} call(s) still in progress; cancelling them",
+                 service.active_calls());
+  }
+}
+
 // --help, -h and --helpshort: the usage message and this file's flags, spelled with dashes as
 // users type them, with defaults and descriptions (absl's own help lists them with underscores).
 bool HelpAsked(int argc, char** argv) {
@@ -399,35 +432,12 @@ int Main() {
     }
   }
 
-  int sig = 0;
-  for (;;) {
-    if (sigwait(&signals, &sig) != 0) continue;
-    if (sig != SIGHUP) break;
-    ReloadTokens(security->authenticator.get());
-  }
+  const int sig = WaitForStopSignal(signals, security->authenticator.get());
   spdlog::info("attnserve: signal {}: draining (up to {})", sig,
                absl::FormatDuration(absl::GetFlag(FLAGS_drain_timeout)));
   (*service)->StartDrain();
   if (health != nullptr) health->SetServingStatus(false);
-
-  // Wait for the calls in progress; a second signal cuts the wait short.
-  const absl::Time drain_deadline = absl::Now() + absl::GetFlag(FLAGS_drain_timeout);
-  bool idle = false;
-  for (;;) {
-    idle = (*service)->WaitForIdle(std::min(drain_deadline, absl::Now() + absl::Milliseconds(100)));
-    if (idle || absl::Now() >= drain_deadline) break;
-    const timespec zero{0, 0};
-    const int more = sigtimedwait(&signals, nullptr, &zero);
-    if (more == SIGHUP) ReloadTokens(security->authenticator.get());
-    if (more > 0 && more != SIGHUP) {
-      spdlog::warn("attnserve: second signal, stopping now");
-      break;
-    }
-  }
-  if (!idle) {
-    spdlog::warn("attnserve: {} call(s) still in progress; cancelling them",
-                 (*service)->active_calls());
-  }
+  DrainCalls(**service, signals, security->authenticator.get());
   // Cancels whatever is left (their reactors see OnCancel, their jobs stop at the next poll).
   server->Shutdown(std::chrono::system_clock::now());
   (*scheduler)->Shutdown();
