@@ -9,9 +9,9 @@
 // flight never reads or writes unmapped memory. The name stays taken until then.
 //
 // Identity: every method takes `owner`, the caller's identity (its principal's name, server/auth/;
-// "" for every caller without a token file). Acquire, Unregister and List see only the owner's
-// regions: another owner's region is NOT_FOUND. Names are one namespace per server, so registering
-// a name another owner holds is ALREADY_EXISTS.
+// "" for every caller without a token file). Each owner has its own namespace of names: Acquire,
+// Unregister and List see only the owner's regions (another owner's is NOT_FOUND), and two owners
+// may each register a region of the same name.
 #ifndef ATTNSERVE_SERVER_REGIONS_REGION_REGISTRY_H_
 #define ATTNSERVE_SERVER_REGIONS_REGION_REGISTRY_H_
 

@@ -187,6 +187,14 @@ TEST_F(TokenTest, ContextsAndRegionsBelongToTheirPrincipal) {
   absl::StatusOr<client::AttendResult> r = bob_->Attend(in, Short());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_TRUE(alice_->GetContext("mine", Short()).ok());
+  // Bob's own "mine" is another context: names are per principal.
+  absl::StatusOr<v1::ContextStatus> bobs_mine =
+      bob_->CreateContext("mine", DType::kF32, 2, 64, 32, absl::ZeroDuration(), Short());
+  ASSERT_TRUE(bobs_mine.ok()) << bobs_mine.status();
+  EXPECT_EQ(bobs_mine->capacity_tokens(), 32);
+  absl::StatusOr<v1::ContextStatus> alices_mine = alice_->GetContext("mine", Short());
+  ASSERT_TRUE(alices_mine.ok());
+  EXPECT_EQ(alices_mine->capacity_tokens(), 64);
 
   absl::StatusOr<std::unique_ptr<client::SharedMemoryRegion>> shm =
       client::SharedMemoryRegion::Create(4096);
