@@ -71,7 +71,8 @@ std::vector<FlagUse> ConnectionFlags(absl::string_view default_timeout_text) {
           {"client_cert", "FILE"},
           {"client_key", "FILE"},
           {"server_name_override", "NAME"},
-          {"token_file", "FILE"}};
+          {"token_file", "FILE"},
+  };
 }
 
 absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags() {

@@ -2,9 +2,9 @@
 //
 // A token file names the principals (callers) and their limits, one a line:
 //
-//   # name   token                              limits (each optional; 0 or absent: none)
-//   alice    3f1c0e...  max_request_bytes=1073741824 max_concurrent_streams=4 max_resident_bytes=8589934592
-//   batch    9ab2d4...
+//   # NAME  TOKEN      limits (each optional; 0 or absent: none)
+//   alice   3f1c0e...  max_request_bytes=1073741824 max_concurrent_streams=4
+//   batch   9ab2d4...  max_resident_bytes=8589934592
 //
 // Fields are separated by spaces or tabs; `#` starts a comment; names are [A-Za-z0-9_.@-]{1,64};
 // tokens are 16 to 512 printable characters without spaces (a token's bytes are compared, not
