@@ -1,6 +1,4 @@
 #include "client/attn_client.h"
-#include "client/attend_input.h"
-#include "client/client_security.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -14,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/attend_input.h"
+#include "client/client_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"

@@ -20,19 +20,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/cuda/cuda_options.h"
+#include "core/util/flag_names.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "core/cuda/cuda_options.h"
-#include "core/util/flag_names.h"
 #include "server/auth/principals.h"
 #include "server/auth/transport.h"
 #include "server/device_pool.h"
+#include "server/grpc/service.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
-#include "server/grpc/service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -177,7 +177,8 @@ absl::StatusOr<SecuritySetup> SecurityFromFlags() {
   out.tls = tls.enabled();
   out.mutual_tls = tls.mutual();
   if (absl::GetFlag(FLAGS_auth_discovery) && absl::GetFlag(FLAGS_token_file).empty()) {
-    return absl::InvalidArgumentError("--auth-discovery: needs --token-file (the tokens to ask for)");
+    return absl::InvalidArgumentError(
+        "--auth-discovery: needs --token-file (the tokens to ask for)");
   }
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
     absl::StatusOr<std::unique_ptr<auth::Authenticator>> a =
@@ -218,7 +219,7 @@ void LogExposure(const std::string& grpc_address, const std::string& metrics_add
     const char* what =
         !s.tls && !authenticated ? "without TLS and without tokens: anyone who can reach the port "
                                    "can use every RPC"
-        : !s.tls ? "without TLS: tokens and tensors cross the network in the clear"
+        : !s.tls                 ? "without TLS: tokens and tensors cross the network in the clear"
                  : "without client certificates or tokens: anyone who can reach the port can use "
                    "every RPC";
     spdlog::warn(
@@ -378,8 +379,8 @@ int Main() {
   service_options.contexts.default_ttl = absl::GetFlag(FLAGS_context_ttl);
   service_options.contexts.max_contexts = absl::GetFlag(FLAGS_max_contexts);
   service_options.authenticator = security->authenticator.get();
-  service_options.describe_needs_token = security->authenticator != nullptr &&
-                                         absl::GetFlag(FLAGS_auth_discovery);
+  service_options.describe_needs_token =
+      security->authenticator != nullptr && absl::GetFlag(FLAGS_auth_discovery);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());

@@ -16,8 +16,9 @@ ABSL_FLAG(int64_t, chunk_bytes, attnserve::client::ClientOptions().chunk_bytes,
           "upload chunk size; the server accepts up to its --max-chunk-bytes, 64 MiB by default");
 ABSL_FLAG(bool, json, false, "print JSON instead of text");
 ABSL_FLAG(bool, tls, false,
-           "connect with TLS (implied by --ca-cert, --client-cert, --server-name-override)");
-ABSL_FLAG(std::string, ca_cert, "", "TLS: PEM CA bundle that signed the server's certificate "
+          "connect with TLS (implied by --ca-cert, --client-cert, --server-name-override)");
+ABSL_FLAG(std::string, ca_cert, "",
+          "TLS: PEM CA bundle that signed the server's certificate "
           "(default: the system's roots)");
 ABSL_FLAG(std::string, client_cert, "", "TLS: PEM client certificate (servers with mutual TLS)");
 ABSL_FLAG(std::string, client_key, "", "TLS: PEM private key of --client-cert");
@@ -71,8 +72,7 @@ std::vector<FlagUse> ConnectionFlags(absl::string_view default_timeout_text) {
           {"client_cert", "FILE"},
           {"client_key", "FILE"},
           {"server_name_override", "NAME"},
-          {"token_file", "FILE"},
-  };
+          {"token_file", "FILE"}};
 }
 
 absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags() {

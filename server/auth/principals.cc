@@ -54,9 +54,9 @@ absl::Status SetLimit(absl::string_view key, int64_t value, PrincipalLimits* lim
   } else if (key == "max_resident_bytes") {
     limits->max_resident_bytes = value;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown limit '", key,
-        "' (known: max_request_bytes, max_concurrent_streams, max_resident_bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown limit '", key,
+                     "' (known: max_request_bytes, max_concurrent_streams, max_resident_bytes)"));
   }
   return absl::OkStatus();
 }
@@ -90,9 +90,9 @@ absl::StatusOr<std::vector<PrincipalEntry>> ParseTokenFile(absl::string_view tex
     }
     // The token itself is never echoed: the file's errors may end up in logs.
     if (!ValidToken(e.token)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "the token of '", e.name, "' must be ", kMinTokenBytes, " to ", kMaxTokenBytes,
-          " printable characters without spaces"));
+      return absl::InvalidArgumentError(absl::StrCat(where, "the token of '", e.name, "' must be ",
+                                                     kMinTokenBytes, " to ", kMaxTokenBytes,
+                                                     " printable characters without spaces"));
     }
     for (size_t i = 2; i < fields.size(); ++i) {
       std::pair<absl::string_view, absl::string_view> kv =
@@ -151,9 +151,9 @@ absl::StatusOr<StreamSlot> Principal::AcquireStream() {
   const int64_t before = streams_.fetch_add(1);
   if (limit > 0 && before >= limit) {
     streams_.fetch_sub(1);
-    return absl::ResourceExhaustedError(
-        absl::StrCat(Label(), before, " streams in progress, its limit max_concurrent_streams=",
-                     limit, " (token file)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Label(), before, " streams in progress, its limit max_concurrent_streams=", limit,
+        " (token file)"));
   }
   return StreamSlot(shared_from_this());
 }
@@ -161,21 +161,20 @@ absl::StatusOr<StreamSlot> Principal::AcquireStream() {
 absl::Status Principal::CheckRequestBytes(int64_t bytes, absl::string_view what) const {
   const int64_t limit = limits().max_request_bytes;
   if (limit > 0 && bytes > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(Label(), what, ": ", bytes,
-                                                     " bytes, above its limit max_request_bytes=",
-                                                     limit, " (token file)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Label(), what, ": ", bytes,
+                     " bytes, above its limit max_request_bytes=", limit, " (token file)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status Principal::CheckResident(int64_t held, int64_t adding,
-                                      absl::string_view what) const {
+absl::Status Principal::CheckResident(int64_t held, int64_t adding, absl::string_view what) const {
   const int64_t limit = limits().max_resident_bytes;
   if (limit > 0 && adding > 0 && (adding > limit || held > limit - adding)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        Label(), what, ": ", adding, " bytes on top of the ", held,
-        " its contexts and regions hold, above its limit max_resident_bytes=", limit,
-        " (token file)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Label(), what, ": ", adding, " bytes on top of the ", held,
+                     " its contexts and regions hold, above its limit max_resident_bytes=", limit,
+                     " (token file)"));
   }
   return absl::OkStatus();
 }

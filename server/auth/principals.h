@@ -140,7 +140,7 @@ class Authenticator {
   std::string path_;
   std::shared_ptr<Principal> anonymous_ = std::make_shared<Principal>("");
   mutable std::mutex mu_;
-  std::vector<Entry> entries_;                                  // under mu_
+  std::vector<Entry> entries_;                                 // under mu_
   std::map<std::string, std::shared_ptr<Principal>> by_name_;  // under mu_
 };
 

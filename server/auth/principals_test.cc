@@ -22,8 +22,8 @@ constexpr char kBobToken[] = "bob-token-0123456789abcdef";
 TEST(ParseTokenFile, EntriesWithLimitsCommentsAndBlankLines) {
   absl::StatusOr<std::vector<PrincipalEntry>> e = ParseTokenFile(absl::StrCat(
       "# principals\n\n", "alice ", kAliceToken,
-      " max_request_bytes=1000 max_concurrent_streams=2 max_resident_bytes=5000  # note\n",
-      "bob\t", kBobToken, "\r\n"));
+      " max_request_bytes=1000 max_concurrent_streams=2 max_resident_bytes=5000  # note\n", "bob\t",
+      kBobToken, "\r\n"));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_EQ(e->size(), 2u);
   EXPECT_EQ((*e)[0].name, "alice");
@@ -92,8 +92,7 @@ TEST(Authenticator, BearerTokensPickTheirPrincipal) {
 TEST(Authenticator, MissingMalformedAndWrongTokensAreUnauthenticated) {
   std::unique_ptr<Authenticator> a = TwoPrincipals();
   ASSERT_NE(a, nullptr);
-  for (const std::optional<absl::string_view> value :
-       std::vector<std::optional<absl::string_view>>{
+  for (const std::optional<absl::string_view> value : std::vector<std::optional<absl::string_view>>{
            std::nullopt, "", "Basic YWxpY2U6eA==", kAliceToken, "Bearer ",
            "Bearer alice-token-0123456789abcdeX", "Bearer alice-token-0123456789abcde"}) {
     absl::StatusOr<std::shared_ptr<Principal>> p = a->Authenticate(value);

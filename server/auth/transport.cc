@@ -45,8 +45,9 @@ absl::Status CheckPair(const ServerTlsOptions& o) {
     status = absl::InvalidArgumentError(
         absl::StrCat("--tls-cert=", o.cert_file, ": no PEM certificate in it"));
   } else if (pkey == nullptr) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "--tls-key=", o.key_file, ": no PEM private key in it (an encrypted key is not supported)"));
+    status = absl::InvalidArgumentError(
+        absl::StrCat("--tls-key=", o.key_file,
+                     ": no PEM private key in it (an encrypted key is not supported)"));
   } else if (X509_check_private_key(x509, pkey) != 1) {
     status = absl::InvalidArgumentError(absl::StrCat("--tls-key=", o.key_file,
                                                      ": does not match the certificate of "
@@ -73,9 +74,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
   }
   if (o.reload_interval < absl::Seconds(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls-reload-interval: must be >= 1s, got ",
-                     absl::FormatDuration(o.reload_interval)));
+    return absl::InvalidArgumentError(absl::StrCat("--tls-reload-interval: must be >= 1s, got ",
+                                                   absl::FormatDuration(o.reload_interval)));
   }
   if (absl::Status s = CheckPair(o); !s.ok()) return s;
   if (o.mutual()) {
@@ -83,8 +83,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
       return ca.status();
     }
   }
-  const unsigned int interval =
-      static_cast<unsigned int>(absl::ToInt64Seconds(o.reload_interval));
+  const unsigned int interval = static_cast<unsigned int>(absl::ToInt64Seconds(o.reload_interval));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       o.key_file, o.cert_file, o.client_ca_file, interval);
   grpc::experimental::TlsServerCredentialsOptions options(provider);
@@ -95,7 +94,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   } else {
     options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   }
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::experimental::TlsServerCredentials(options);
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::experimental::TlsServerCredentials(options);
   if (credentials == nullptr) {
     return absl::InternalError("TLS: gRPC could not create the server credentials");
   }

@@ -197,7 +197,8 @@ class AttentionServiceImpl::AttendReactor final
   };
 
   static AssemblerOptions AssemblerLimits(
-      AttentionServiceImpl* service, const absl::StatusOr<std::shared_ptr<auth::Principal>>& caller) {
+      AttentionServiceImpl* service,
+      const absl::StatusOr<std::shared_ptr<auth::Principal>>& caller) {
     AssemblerOptions o = service->options_.limits;
     o.tracker = &service->request_memory_;
     o.host_memory = &service->pool_->device(0).host_memory();

@@ -60,8 +60,9 @@ absl::Status AttentionServiceImpl::CheckAttendHeader(const auth::Principal& call
   absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "header.dtype");
   if (!dtype.ok()) return absl::OkStatus();  // the assembler reports it
   const int64_t elem = static_cast<int64_t>(DTypeSize(*dtype));
-  const int64_t q = SatMul(SatMul(SatMul(SatMul(header.batch(), header.tokens()),
-                                         header.q_heads()), header.head_dim()), elem);
+  const int64_t q = SatMul(
+      SatMul(SatMul(SatMul(header.batch(), header.tokens()), header.q_heads()), header.head_dim()),
+      elem);
   int64_t bytes = q;
   if (header.context().empty()) {
     const int64_t kv_len = header.kv_tokens() > 0 ? header.kv_tokens() : header.tokens();

@@ -3,8 +3,8 @@
 // anonymous "" without a token file): another principal's calls do not find it (NOT_FOUND).
 #include <algorithm>
 #include <array>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -201,8 +201,8 @@ class AttentionServiceImpl::AppendReactor final
                                                   "append: k and v rows past the reservation"));
     }
     ATTN_ASSIGN_OR_RETURN(ContextInfo info, service_->contexts_->Append(
-                                                caller_->name(), name_, tokens_,
-                                                tensors_[0].data(), tensors_[1].data(), expect_));
+                                                caller_->name(), name_, tokens_, tensors_[0].data(),
+                                                tensors_[1].data(), expect_));
     ContextStatusToProto(info, response_->mutable_context());
     return absl::OkStatus();
   }

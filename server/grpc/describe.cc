@@ -19,8 +19,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Describe(grpc::CallbackServerCon
   if (options_.describe_needs_token) {  // --auth-discovery
     if (absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
         !caller.ok()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                                   std::string(caller.status().message())));
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message())));
       return reactor;
     }
   }

@@ -51,14 +51,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::RegisterRegion(
   switch (request->kind_case()) {
     case v1::RegisterRegionRequest::kSystem: {
       const v1::SystemRegion& r = request->system();
-      info = regions_->RegisterSystem(owner, request->name(), r.shm_key(), r.offset(),
-                                      r.bytes());
+      info = regions_->RegisterSystem(owner, request->name(), r.shm_key(), r.offset(), r.bytes());
       break;
     }
     case v1::RegisterRegionRequest::kCudaIpc: {
       const v1::CudaIpcRegion& r = request->cuda_ipc();
-      info = regions_->RegisterCudaIpc(owner, request->name(), r.handle(), r.device(),
-                                       r.bytes());
+      info = regions_->RegisterCudaIpc(owner, request->name(), r.handle(), r.device(), r.bytes());
       break;
     }
     case v1::RegisterRegionRequest::KIND_NOT_SET:

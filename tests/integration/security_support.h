@@ -20,11 +20,11 @@
 #include "client/attn_client.h"
 #include "client/client_security.h"
 #include "client/shared_memory_region.h"
+#include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_fixture.h"
 
@@ -51,8 +51,8 @@ class SecurityTest : public ::testing::Test {
     absl::StatusOr<CommandResult> r =
         RunCommand(GEN_DEV_CERTS, {certs_->path(), "--test-extras"}, absl::Seconds(60));
     if (!r.ok() || r->exit_code != 0) {
-      error_ = new std::string(absl::StrCat("gen-dev-certs failed: ",
-                                            r.ok() ? r->output : r.status().ToString()));
+      error_ = new std::string(
+          absl::StrCat("gen-dev-certs failed: ", r.ok() ? r->output : r.status().ToString()));
     }
   }
   static void TearDownTestSuite() {

@@ -24,8 +24,7 @@ absl::StatusOr<std::string> PeerCommonName(const std::string& target,
   v1::DescribeResponse response;
   const grpc::Status status = stub->Describe(&context, request, &response);
   if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
   }
   std::vector<grpc::string_ref> cn = context.auth_context()->FindPropertyValues("x509_common_name");
   if (cn.empty()) return absl::NotFoundError("no x509_common_name in the peer's auth context");
@@ -131,8 +130,8 @@ TEST_F(SecurityTest, MutualTlsRefusesClientsWithoutAGoodCertificate) {
   std::unique_ptr<client::AttnClient> good = Client(server->target(), Tls("ca", "client"));
   ASSERT_NE(good, nullptr);
   EXPECT_TRUE(HealthOf(*good).ok());
-  for (const std::string& client_cert : {std::string(""), std::string("other-client"),
-                                         std::string("expired-client")}) {
+  for (const std::string& client_cert :
+       {std::string(""), std::string("other-client"), std::string("expired-client")}) {
     std::unique_ptr<client::AttnClient> bad = Client(server->target(), Tls("ca", client_cert));
     ASSERT_NE(bad, nullptr);
     EXPECT_EQ(HealthOf(*bad).code(), absl::StatusCode::kUnavailable)
@@ -229,7 +228,7 @@ TEST_F(SecurityTest, AttnctlConnectsWithTlsFlagsAndATokenFile) {
   ASSERT_NE(server, nullptr);
   // By name: the certificate names localhost; by address with --server-name-override.
   const std::string port = absl::StrCat(server->port());
-  const std::vector<std::string> tls = {"--ca-cert", Cert("ca.pem"), "--client-cert",
+  const std::vector<std::string> tls = {"--ca-cert",        Cert("ca.pem"), "--client-cert",
                                         Cert("client.pem"), "--client-key", Cert("client.key")};
   const auto attnctl = [&](std::vector<std::string> args) {
     args.insert(args.end(), tls.begin(), tls.end());
@@ -248,11 +247,10 @@ TEST_F(SecurityTest, AttnctlConnectsWithTlsFlagsAndATokenFile) {
   CommandResult health = attnctl({"health", "--server", "localhost:" + port});
   EXPECT_EQ(health.exit_code, 0) << health.output;
   // Without the client certificate: the handshake fails, 10 + UNAVAILABLE (14).
-  CommandResult no_cert =
-      RunLogged("attnctl", ATTNCTL_BINARY,
-                {"health", "--server", "localhost:" + port, "--ca-cert", Cert("ca.pem"),
-                 "--timeout", "3s", "--max-attempts", "1"},
-                absl::Seconds(60));
+  CommandResult no_cert = RunLogged("attnctl", ATTNCTL_BINARY,
+                                    {"health", "--server", "localhost:" + port, "--ca-cert",
+                                     Cert("ca.pem"), "--timeout", "3s", "--max-attempts", "1"},
+                                    absl::Seconds(60));
   EXPECT_EQ(no_cert.exit_code, 24) << no_cert.output;
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
@@ -290,8 +288,7 @@ TEST_F(SecurityTest, StartUpRefusesBadSecurityFlags) {
       {{"--token-file=" + Cert("missing.txt")}, "cannot read it"},
   };
   for (const auto& [flags, message] : cases) {
-    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics-listen=",
-                                     "--backend=cpu"};
+    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics-listen=", "--backend=cpu"};
     args.insert(args.end(), flags.begin(), flags.end());
     CommandResult r = RunLogged("attnserve", ATTNSERVE_BINARY, args, absl::Seconds(30));
     EXPECT_EQ(r.exit_code, 1) << flags[0];

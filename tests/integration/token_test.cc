@@ -159,18 +159,19 @@ TEST_F(TokenTest, ResidentBytesAboveThePrincipalsLimitAreRefused) {
   absl::StatusOr<v1::RegionStatus> region =
       alice_->RegisterSystemRegion("r1", (*shm)->key(), 0, 65536, Short());
   EXPECT_EQ(region.status().code(), absl::StatusCode::kResourceExhausted) << region.status();
-  EXPECT_TRUE(absl::StrContains(region.status().message(), "max_resident_bytes")) << region.status();
+  EXPECT_TRUE(absl::StrContains(region.status().message(), "max_resident_bytes"))
+      << region.status();
   // Bob has no limit; once alice deletes hers, her second fits.
-  EXPECT_TRUE(bob_->CreateContext("b1", DType::kF32, 1, 64, 128, absl::ZeroDuration(), Short())
-                  .ok());
+  EXPECT_TRUE(
+      bob_->CreateContext("b1", DType::kF32, 1, 64, 128, absl::ZeroDuration(), Short()).ok());
   ASSERT_TRUE(alice_->DeleteContext("c1", Short()).ok());
-  EXPECT_TRUE(alice_->CreateContext("c2", DType::kF32, 1, 64, 128, absl::ZeroDuration(), Short())
-                  .ok());
+  EXPECT_TRUE(
+      alice_->CreateContext("c2", DType::kF32, 1, 64, 128, absl::ZeroDuration(), Short()).ok());
 }
 
 TEST_F(TokenTest, ContextsAndRegionsBelongToTheirPrincipal) {
-  ASSERT_TRUE(alice_->CreateContext("mine", DType::kF32, 2, 64, 64, absl::ZeroDuration(), Short())
-                  .ok());
+  ASSERT_TRUE(
+      alice_->CreateContext("mine", DType::kF32, 2, 64, 64, absl::ZeroDuration(), Short()).ok());
   EXPECT_EQ(bob_->GetContext("mine", Short()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(bob_->DeleteContext("mine", Short()).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<v1::ListContextsResponse> bobs = bob_->ListContexts(Short());
@@ -203,8 +204,7 @@ TEST_F(TokenTest, ContextsAndRegionsBelongToTheirPrincipal) {
   absl::StatusOr<v1::ListRegionsResponse> alices = alice_->ListRegions(Short());
   ASSERT_TRUE(alices.ok());
   EXPECT_EQ(alices->regions_size(), 0);
-  EXPECT_EQ(alice_->UnregisterRegion("bobs", Short()).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(alice_->UnregisterRegion("bobs", Short()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(bob_->UnregisterRegion("bobs", Short()).ok());
 }
 
