@@ -136,6 +136,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   MemoryTracker request_memory_;
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<ContextStore> contexts_;
+  // The caller of every call when options_.authenticator is null (no limits of its own).
+  const std::shared_ptr<auth::Principal> anonymous_ = std::make_shared<auth::Principal>("");
   std::atomic<bool> draining_{false};
   const std::string run_id_;
   std::atomic<uint64_t> next_id_{1};
