@@ -1,5 +1,4 @@
 #include "client/attn_client.h"
-#include "client/attend_input.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -13,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/attend_input.h"
+#include "client/client_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -395,12 +396,20 @@ absl::StatusOr<std::unique_ptr<AttnClient>> AttnClient::Create(ClientOptions opt
   // Our own retries (Attend's rule) replace gRPC's transparent ones, which would not know when a
   // re-send is safe for a stream.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   auto credentials = options.credentials ? options.credentials : grpc::InsecureChannelCredentials();
   if (options.connections < 1 || options.connections > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("connections: must be in [1, 64], got ", options.connections));
   }
-  auto channel = grpc::CreateCustomChannel(options.target, credentials, args);
+  const auto make_channel = [&](const grpc::ChannelArguments& a) {
+    if (options.token.empty()) return grpc::CreateCustomChannel(options.target, credentials, a);
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> token;
+    token.push_back(std::make_unique<BearerTokenInterceptorFactory>(options.token));
+    return grpc::experimental::CreateCustomChannelWithInterceptors(options.target, credentials, a,
+                                                                   std::move(token));
+  };
+  auto channel = make_channel(args);
   if (channel == nullptr) {
     return absl::InternalError(absl::StrCat("could not create a channel to ", options.target));
   }
@@ -411,7 +420,7 @@ absl::StatusOr<std::unique_ptr<AttnClient>> AttnClient::Create(ClientOptions opt
     grpc::ChannelArguments own = args;
     own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     own.SetInt("attnserve.connection", c);
-    auto extra = grpc::CreateCustomChannel(options.target, credentials, own);
+    auto extra = make_channel(own);
     if (extra == nullptr) break;
     client->attend_stubs_.push_back(v1::AttentionService::NewStub(extra));
   }

@@ -30,8 +30,15 @@ namespace attnserve::client {
 struct ClientOptions {
   // "host:port" (any gRPC target string).
   std::string target;
-  // Null: an insecure channel (attnserve listens on trusted networks or behind a proxy).
+  // Null: an insecure channel (attnserve listens on trusted networks or behind a proxy). TLS:
+  // TlsCredentialsFromFiles (client/client_security.h) or any grpc::ChannelCredentials.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sent as "authorization: Bearer <token>" on every call when not empty (a server with
+  // --token-file needs it). TokenFromFileOrEnv reads --token-file or ATTNSERVE_TOKEN.
+  std::string token;
+  // TLS: the name the server's certificate must carry, when it is not the target's host (an IP
+  // target, a test certificate). Empty: the target's host.
+  std::string tls_server_name;
   // Payload bytes per uploaded tensor chunk. Must be in [1, the server's max_chunk_bytes].
   int64_t chunk_bytes = int64_t{4} << 20;
   // Largest message the client accepts; -1: unlimited (the default). The server's default

@@ -19,22 +19,25 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/cuda/cuda_options.h"
+#include "core/util/flag_names.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
-#include "core/cuda/cuda_options.h"
-#include "core/util/flag_names.h"
+#include "server/auth/principals.h"
+#include "server/auth/transport.h"
 #include "server/device_pool.h"
+#include "server/grpc/service.h"
 #include "server/metrics.h"
 #include "server/request_log.h"
 #include "server/scheduler.h"
-#include "server/grpc/service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -110,6 +113,24 @@ ABSL_FLAG(std::string, sm90_schedule, "persistent",
 ABSL_FLAG(int, lanes_per_gpu, 2,
           "CUDA backend: requests one GPU runs at once, each on its own stream so that one's "
           "copies overlap another's kernels (1: one at a time)");
+// Security (server/auth/; README.md "Security").
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the gRPC port; with --tls-key turns TLS on (re-read every "
+          "--tls-reload-interval)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "how often the TLS key, certificate and client CA files are checked for changes");
+ABSL_FLAG(std::string, token_file, "",
+          "principals and their bearer tokens and limits, one a line: NAME TOKEN "
+          "[max_request_bytes=N] [max_concurrent_streams=N] [max_resident_bytes=N]; every "
+          "AttentionService call then needs 'authorization: Bearer <token>'; SIGHUP re-reads it");
+ABSL_FLAG(bool, auth_discovery, false,
+          "with --token-file: Describe and reflection need a token too (reflection is gated on a "
+          "TLS port and turned off on a plaintext one); health stays open");
+ABSL_FLAG(bool, metrics_loopback_only, false,
+          "serve /metrics on 127.0.0.1 only (the port of --metrics-listen)");
 
 namespace attnserve {
 namespace {
@@ -160,6 +181,134 @@ absl::StatusOr<CudaOptions> CudaOptionsFromFlags() {
         absl::StrCat("--lanes-per-gpu: must be >= 1, got ", options.lanes));
   }
   return CudaOptionsFromEnv(options);
+}
+
+// The security flags, checked: the gRPC port's credentials, the principals (null: no token
+// file) and whether reflection is served.
+struct SecuritySetup {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::unique_ptr<auth::Authenticator> authenticator;
+  bool tls = false;
+  bool mutual_tls = false;
+  bool reflection = true;
+};
+
+absl::StatusOr<SecuritySetup> SecurityFromFlags() {
+  SecuritySetup out;
+  auth::ServerTlsOptions tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  tls.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      auth::MakeServerCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  out.credentials = *credentials;
+  out.tls = tls.enabled();
+  out.mutual_tls = tls.mutual();
+  if (absl::GetFlag(FLAGS_auth_discovery) && absl::GetFlag(FLAGS_token_file).empty()) {
+    return absl::InvalidArgumentError(
+        "--auth-discovery: needs --token-file (the tokens to ask for)");
+  }
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    absl::StatusOr<std::unique_ptr<auth::Authenticator>> a =
+        auth::Authenticator::FromFile(absl::GetFlag(FLAGS_token_file));
+    if (!a.ok()) return a.status();
+    out.authenticator = *std::move(a);
+    spdlog::info("attnserve: {} principal(s) from --token-file={}", out.authenticator->size(),
+                 out.authenticator->path());
+  }
+  if (out.authenticator != nullptr && absl::GetFlag(FLAGS_auth_discovery)) {
+    if (out.tls) {
+      // gRPC runs auth metadata processors on secure ports only.
+      out.credentials->SetAuthMetadataProcessor(
+          std::make_shared<auth::ReflectionGate>(out.authenticator.get()));
+    } else {
+      out.reflection = false;
+      spdlog::warn(
+          "attnserve: --auth-discovery on a plaintext port: reflection is off (it can be gated "
+          "on a TLS port only)");
+    }
+  }
+  return out;
+}
+
+int PortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return 0;
+  return port;
+}
+
+// What the defaults expose, said once at start-up: a port others can reach without TLS, or that
+// anyone can use (no client certificates, no tokens), is a warning.
+void LogExposure(const std::string& grpc_address, const std::string& metrics_address,
+                 const SecuritySetup& s) {
+  const bool authenticated = s.mutual_tls || s.authenticator != nullptr;
+  if (!auth::IsLoopbackAddress(grpc_address) && (!s.tls || !authenticated)) {
+    const char* what =
+        !s.tls && !authenticated ? "without TLS and without tokens: anyone who can reach the port "
+                                   "can use every RPC"
+        : !s.tls                 ? "without TLS: tokens and tensors cross the network in the clear"
+                 : "without client certificates or tokens: anyone who can reach the port can use "
+                   "every RPC";
+    spdlog::warn(
+        "attnserve: gRPC on {} (not loopback) {}; see README.md \"Security\" (--tls-cert, "
+        "--tls-key, --tls-client-ca, --token-file)",
+        grpc_address, what);
+  }
+  if (!metrics_address.empty() && !auth::IsLoopbackAddress(metrics_address)) {
+    spdlog::info(
+        "attnserve: /metrics on {} is open to anyone who can reach it (no auth; counters and "
+        "device memory only, no request data); --metrics-loopback-only keeps it on this host",
+        metrics_address);
+  }
+}
+
+void ReloadTokens(auth::Authenticator* authenticator) {
+  if (authenticator == nullptr) {
+    spdlog::info("attnserve: SIGHUP: no --token-file to re-read");
+    return;
+  }
+  if (absl::Status s = authenticator->Reload(); !s.ok()) {
+    spdlog::error("attnserve: SIGHUP: {}; the tokens in force stay", std::string(s.message()));
+    return;
+  }
+  spdlog::info("attnserve: SIGHUP: {} principal(s) from {}", authenticator->size(),
+               authenticator->path());
+}
+
+// Blocks until SIGTERM or SIGINT (returned); a SIGHUP meanwhile re-reads the token file.
+int WaitForStopSignal(const sigset_t& signals, auth::Authenticator* authenticator) {
+  int sig = 0;
+  for (;;) {
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    ReloadTokens(authenticator);
+  }
+}
+
+// Waits for the calls in progress, up to --drain-timeout; a second SIGTERM/SIGINT cuts the wait
+// short.
+void DrainCalls(AttentionServiceImpl& service, const sigset_t& signals,
+                auth::Authenticator* authenticator) {
+  const absl::Time drain_deadline = absl::Now() + absl::GetFlag(FLAGS_drain_timeout);
+  bool idle = false;
+  for (;;) {
+    idle = service.WaitForIdle(std::min(drain_deadline, absl::Now() + absl::Milliseconds(100)));
+    if (idle || absl::Now() >= drain_deadline) break;
+    const timespec zero{0, 0};
+    const int more = sigtimedwait(&signals, nullptr, &zero);
+    if (more == SIGHUP) ReloadTokens(authenticator);
+    if (more > 0 && more != SIGHUP) {
+      spdlog::warn("attnserve: second signal, stopping now");
+      break;
+    }
+  }
+  if (!idle) {
+    spdlog::warn("attnserve: {} call(s) still in progress; cancelling them",
+                 service.active_calls());
+  }
 }
 
 // --help, -h and --helpshort: the usage message and this file's flags, spelled with dashes as
@@ -237,6 +386,7 @@ int Main() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);  // re-reads --token-file
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const spdlog::level::level_enum level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
@@ -268,6 +418,11 @@ int Main() {
 
   MetricsOptions metrics_options;
   metrics_options.listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (absl::GetFlag(FLAGS_metrics_loopback_only) && !metrics_options.listen.empty()) {
+    metrics_options.listen = WithPort("127.0.0.1:0", PortOf(metrics_options.listen));
+  }
+  absl::StatusOr<SecuritySetup> security = SecurityFromFlags();
+  if (!security.ok()) return Fail(security.status());
   metrics_options.host_memory = &(*pool)->device(0).host_memory();
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
       Metrics::Create(metrics_options, (*pool)->devices());
@@ -293,18 +448,21 @@ int Main() {
   service_options.contexts.default_ttl = absl::GetFlag(FLAGS_context_ttl);
   service_options.contexts.max_contexts = absl::GetFlag(FLAGS_max_contexts);
   HostileLimitsFromFlags(&service_options);
+  service_options.authenticator = security->authenticator.get();
+  service_options.describe_needs_token =
+      security->authenticator != nullptr && absl::GetFlag(FLAGS_auth_discovery);
   absl::StatusOr<std::unique_ptr<AttentionServiceImpl>> service =
       AttentionServiceImpl::Create(service_options, pool->get(), scheduler->get(), metrics->get());
   if (!service.ok()) return Fail(service.status());
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (security->reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second server on a taken port would start and share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, security->credentials, &port);
   // A chunk message is its payload plus a few bytes of framing.
   const int64_t max_message = absl::GetFlag(FLAGS_max_chunk_bytes) + (int64_t{1} << 20);
   builder.SetMaxReceiveMessageSize(
@@ -327,6 +485,9 @@ int Main() {
                 WithPort(metrics_options.listen, *(*metrics)->port()).c_str());
   }
   std::fflush(stdout);
+  LogExposure(bound,
+              (*metrics)->port() ? WithPort(metrics_options.listen, *(*metrics)->port()) : "",
+              *security);
   spdlog::info("attnserve {} serving on {} with backend {} ({} device(s): {})", ATTNSERVE_VERSION,
                bound, BackendName((*pool)->backend()), (*pool)->size(), (*pool)->device(0).name());
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
@@ -343,30 +504,12 @@ int Main() {
     }
   }
 
-  int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
-  }
+  const int sig = WaitForStopSignal(signals, security->authenticator.get());
   spdlog::info("attnserve: signal {}: draining (up to {})", sig,
                absl::FormatDuration(absl::GetFlag(FLAGS_drain_timeout)));
   (*service)->StartDrain();
   if (health != nullptr) health->SetServingStatus(false);
-
-  // Wait for the calls in progress; a second signal cuts the wait short.
-  const absl::Time drain_deadline = absl::Now() + absl::GetFlag(FLAGS_drain_timeout);
-  bool idle = false;
-  for (;;) {
-    idle = (*service)->WaitForIdle(std::min(drain_deadline, absl::Now() + absl::Milliseconds(100)));
-    if (idle || absl::Now() >= drain_deadline) break;
-    const timespec zero{0, 0};
-    if (sigtimedwait(&signals, nullptr, &zero) > 0) {
-      spdlog::warn("attnserve: second signal, stopping now");
-      break;
-    }
-  }
-  if (!idle) {
-    spdlog::warn("attnserve: {} call(s) still in progress; cancelling them",
-                 (*service)->active_calls());
-  }
+  DrainCalls(**service, signals, security->authenticator.get());
   // Cancels whatever is left (their reactors see OnCancel, their jobs stop at the next poll).
   (*service)->MarkStopping();
   server->Shutdown(std::chrono::system_clock::now());

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,6 +12,15 @@
 #include "spdlog/formatter.h"
 
 namespace attnserve {
+
+std::string SpecSummary(const AttentionSpec& spec) {
+  std::string s(PatternName(spec.pattern));
+  if (const auto* bs = std::get_if<BlockSparseSpec>(&spec.pattern)) {
+    absl::StrAppend(&s, "/", std::string(GeneratorName(bs->generator)), "/b", bs->block_size);
+  }
+  if (spec.causal) absl::StrAppend(&s, "+causal");
+  return s;
+}
 namespace {
 
 // A LogEvent's payload in JSON mode: kMark, its JSON members, kMark, the message. No other

@@ -10,11 +10,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/spec/attention_spec.h"
 #include "spdlog/spdlog.h"
 
 namespace attnserve {
 
 enum class LogFormat { kText, kJson };
+
+// A spec as the request line shows it: "dense", "block_sparse/random/b64+causal", ...
+std::string SpecSummary(const AttentionSpec& spec);
 
 // "text" or "json"; INVALID_ARGUMENT naming --log-format otherwise.
 absl::StatusOr<LogFormat> ParseLogFormat(std::string_view name);

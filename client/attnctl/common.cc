@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "client/client_security.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "server address, HOST:PORT");
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(5),
@@ -14,6 +15,17 @@ ABSL_FLAG(int64_t, max_attempts, attnserve::client::ClientOptions().max_attempts
 ABSL_FLAG(int64_t, chunk_bytes, attnserve::client::ClientOptions().chunk_bytes,
           "upload chunk size; the server accepts up to its --max-chunk-bytes, 64 MiB by default");
 ABSL_FLAG(bool, json, false, "print JSON instead of text");
+ABSL_FLAG(bool, tls, false,
+          "connect with TLS (implied by --ca-cert, --client-cert, --server-name-override)");
+ABSL_FLAG(std::string, ca_cert, "",
+          "TLS: PEM CA bundle that signed the server's certificate "
+          "(default: the system's roots)");
+ABSL_FLAG(std::string, client_cert, "", "TLS: PEM client certificate (servers with mutual TLS)");
+ABSL_FLAG(std::string, client_key, "", "TLS: PEM private key of --client-cert");
+ABSL_FLAG(std::string, server_name_override, "",
+          "TLS: the name the server's certificate must carry, when it is not --server's host");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is the bearer token to send (default: $ATTNSERVE_TOKEN)");
 ABSL_FLAG(int64_t, connections, attnserve::client::ClientOptions().connections,
           "TCP connections concurrent calls are spread over (1..64)");
 
@@ -26,7 +38,8 @@ const char kExitCodesHelp[] = R"(Exit codes:
   3        --check failed: an error above the tolerance, or non-finite outputs
   4        health: the server answered but is not SERVING
   10 + c   the call failed with gRPC code c, e.g. 13 INVALID_ARGUMENT (3), 14 DEADLINE_EXCEEDED
-           (4), 18 RESOURCE_EXHAUSTED (8), 24 UNAVAILABLE (14); bench: any request failed
+           (4), 18 RESOURCE_EXHAUSTED (8), 24 UNAVAILABLE (14), 26 UNAUTHENTICATED (16); bench:
+           any request failed
 )";
 
 std::string CommandHelp(const Command& command) {
@@ -53,7 +66,13 @@ int RpcExitCode(const absl::Status& status) {
 std::vector<FlagUse> ConnectionFlags(absl::string_view default_timeout_text) {
   return {{"server", "HOST:PORT"},
           {"timeout", "DURATION", default_timeout_text},
-          {"max_attempts", "N"}};
+          {"max_attempts", "N"},
+          {"tls", ""},
+          {"ca_cert", "FILE"},
+          {"client_cert", "FILE"},
+          {"client_key", "FILE"},
+          {"server_name_override", "NAME"},
+          {"token_file", "FILE"}};
 }
 
 absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags() {
@@ -68,6 +87,19 @@ absl::StatusOr<std::unique_ptr<client::AttnClient>> ClientFromFlags() {
   absl::StatusOr<int64_t> connections = IntAtLeast(FLAGS_connections, 1);
   if (!connections.ok()) return connections.status();
   options.connections = static_cast<int>(std::min<int64_t>(*connections, 64));
+  client::TlsFiles tls{absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
+                       absl::GetFlag(FLAGS_client_key)};
+  options.tls_server_name = absl::GetFlag(FLAGS_server_name_override);
+  if (absl::GetFlag(FLAGS_tls) || !tls.ca_cert.empty() || !tls.client_cert.empty() ||
+      !tls.client_key.empty() || !options.tls_server_name.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        client::TlsCredentialsFromFiles(tls, "--");
+    if (!credentials.ok()) return credentials.status();
+    options.credentials = *credentials;
+  }
+  absl::StatusOr<std::string> token = client::TokenFromFileOrEnv(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) return token.status();
+  options.token = *token;
   return client::AttnClient::Create(options);
 }
 

@@ -64,7 +64,9 @@ int UsageError(absl::string_view command, const absl::Status& status);
 // kExitRpcBase + the status code.
 int RpcExitCode(const absl::Status& status);
 
-// --server, --timeout (whole-call deadline), --max-attempts: every subcommand takes them.
+// --server, --timeout (whole-call deadline), --max-attempts and the TLS/token flags (--tls,
+// --ca-cert, --client-cert, --client-key, --server-name-override, --token-file): every
+// subcommand takes them.
 // `default_timeout_text` is the subcommand's own timeout default ("" keeps the flag's).
 std::vector<FlagUse> ConnectionFlags(absl::string_view default_timeout_text = "");
 

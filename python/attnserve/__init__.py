@@ -11,6 +11,7 @@ attnserve.aio.Client is the asyncio variant. Errors are AttnserveError subclasse
 their gRPC code (InvalidArgument, ResourceExhausted, NotFound, DeadlineExceeded, ...).
 """
 
+from ._common import tls_credentials
 from ._plan import AttendResult
 from ._proto import pb
 from .client import AttendFuture, Client
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "tls_credentials",
     "AttendFuture",
     "AttendResult",
     "Spec",

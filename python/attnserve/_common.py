@@ -4,6 +4,7 @@ request builders for contexts, and the retry policy."""
 from __future__ import annotations
 
 import datetime
+import os
 import random
 from typing import Any, Optional
 
@@ -26,7 +27,8 @@ CHANNEL_OPTIONS = [
 
 
 def credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
-    """None/False: plaintext; True: TLS with the system roots; or ChannelCredentials."""
+    """None/False: plaintext; True: TLS with the system roots; or ChannelCredentials (e.g. from
+    attnserve.tls_credentials)."""
     if tls is None or tls is False:
         return None
     if tls is True:
@@ -36,7 +38,48 @@ def credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
     raise TypeError(f"tls: expected None, True or grpc.ChannelCredentials, got {type(tls)}")
 
 
+def tls_credentials(
+    ca_cert: Optional[str] = None,
+    client_cert: Optional[str] = None,
+    client_key: Optional[str] = None,
+) -> grpc.ChannelCredentials:
+    """TLS channel credentials from PEM files: ca_cert (the CA that signed the server's
+    certificate; None: the system's roots) and, for a server with mutual TLS, client_cert and
+    client_key (both or neither)."""
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key: give both or neither")
+
+    def read(path: Optional[str]) -> Optional[bytes]:
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(ca_cert),
+        private_key=read(client_key),
+        certificate_chain=read(client_cert),
+    )
+
+
+def resolve_token(token: Optional[str]) -> Optional[str]:
+    """The token to send: `token`, else the environment variable ATTNSERVE_TOKEN, else none."""
+    if token:
+        return token
+    env = os.environ.get("ATTNSERVE_TOKEN", "").strip()
+    return env or None
+
+
+def channel_options(options: Optional[list], server_name: Optional[str]) -> list:
+    """CHANNEL_OPTIONS, the caller's options and the TLS name override."""
+    opts = CHANNEL_OPTIONS + list(options or [])
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    return opts
+
+
 def metadata(token: Optional[str]) -> tuple:
+    token = resolve_token(token)
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 

@@ -70,6 +70,7 @@ class Client:
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         max_attempts: int = 4,
         options: Optional[list] = None,
+        server_name: Optional[str] = None,
         max_streams: int = 64,
     ):
         if connections < 1 or chunk_bytes < 1 or max_attempts < 1:
@@ -78,7 +79,7 @@ class Client:
         self.chunk_bytes, self.max_attempts = int(chunk_bytes), int(max_attempts)
         self._metadata = _common.metadata(token)
         creds = _common.credentials(tls)
-        opts = _common.CHANNEL_OPTIONS + list(options or [])
+        opts = _common.channel_options(options, server_name)
         self._channels = [_Channel(address, creds, opts) for _ in range(connections)]
         self._next = itertools.cycle(range(connections))
         # Attend and AppendContext stream through a sync client on worker threads (see
@@ -92,6 +93,7 @@ class Client:
             chunk_bytes=chunk_bytes,
             max_attempts=max_attempts,
             options=options,
+            server_name=server_name,
         )
         self._contexts = self._sync._contexts
         self._pool = concurrent.futures.ThreadPoolExecutor(

@@ -86,7 +86,10 @@ class Client:
     """A client of one attnserve server.
 
     address: "host:port"; tls: None (plaintext), True (TLS, system roots) or
-    grpc.ChannelCredentials; token: sent as "authorization: Bearer TOKEN"; timeout: default
+    grpc.ChannelCredentials (attnserve.tls_credentials(ca_cert, client_cert, client_key) reads PEM
+    files); token: sent as "authorization: Bearer TOKEN" (None: $ATTNSERVE_TOKEN when set);
+    server_name: the name the server's TLS certificate must carry when it is not the address's
+    host; timeout: default
     seconds per call (None: no deadline); connections: channels (TCP connections) that calls are
     spread over (one HTTP/2 connection carries about one stream's bytes per second);
     chunk_bytes: upload chunk size; max_attempts: tries of a retryable call.
@@ -102,6 +105,7 @@ class Client:
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         max_attempts: int = 4,
         options: Optional[list] = None,
+        server_name: Optional[str] = None,
     ):
         if connections < 1 or chunk_bytes < 1 or max_attempts < 1:
             raise ValueError("connections, chunk_bytes and max_attempts must be >= 1")
@@ -111,7 +115,7 @@ class Client:
         self.max_attempts = int(max_attempts)
         self._metadata = _common.metadata(token)
         creds = _common.credentials(tls)
-        opts = _common.CHANNEL_OPTIONS + list(options or [])
+        opts = _common.channel_options(options, server_name)
         self._channels = [_Channel(address, creds, opts) for _ in range(connections)]
         self._next = itertools.cycle(range(connections))
         self._local = _common.is_local(address)

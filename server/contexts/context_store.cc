@@ -25,6 +25,12 @@ namespace {
 // Remembered names of contexts that went away, for a NOT_FOUND that says why.
 constexpr size_t kMaxTombstones = 1024;
 
+// The map key of `owner`'s context `name`: each owner has its own namespace. Owners and names hold
+// no NUL, so the key is unambiguous; the anonymous owner "" keys by the name alone.
+std::string Key(const std::string& owner, const std::string& name) {
+  return owner.empty() ? name : absl::StrCat(owner, absl::string_view("\0", 1), name);
+}
+
 absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > 128) {
     return absl::InvalidArgumentError(
@@ -107,7 +113,7 @@ class ContextStoreImpl final : public ContextStore {
     std::vector<ShardRows> layout;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (entries_.count(in.name) > 0) {
+      if (entries_.count(Key(owner, in.name)) > 0) {
         return absl::AlreadyExistsError(absl::StrCat("name: context '", in.name, "' exists"));
       }
       if (static_cast<int>(entries_.size()) >= options_.max_contexts) {
@@ -132,10 +138,10 @@ class ContextStoreImpl final : public ContextStore {
     entry->owner = owner;
     entry->last_used = absl::Now();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!entries_.emplace(in.name, entry).second) {  // created meanwhile by another call
+    if (!entries_.emplace(Key(owner, in.name), entry).second) {  // created meanwhile
       return absl::AlreadyExistsError(absl::StrCat("name: context '", in.name, "' exists"));
     }
-    tombstones_.erase(in.name);
+    tombstones_.erase(Key(owner, in.name));
     return InfoLocked(*entry, absl::Now());
   }
 
@@ -153,7 +159,7 @@ class ContextStoreImpl final : public ContextStore {
     int64_t held = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (Gone(*e)) return NotFound(name);
+      if (Gone(*e)) return NotFound(owner, name);
       shards = e->shards;
       held = e->tokens;
     }
@@ -184,7 +190,7 @@ class ContextStoreImpl final : public ContextStore {
       ATTN_RETURN_IF_ERROR(st.v->Write(p.local * row_bytes, vb, p.rows * row_bytes));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (Gone(*e)) return NotFound(name);  // deleted while the rows were copied
+    if (Gone(*e)) return NotFound(owner, name);  // deleted while the rows were copied
     e->shards = std::move(shards);
     e->tokens = need;
     e->last_used = absl::Now();
@@ -194,7 +200,7 @@ class ContextStoreImpl final : public ContextStore {
   absl::StatusOr<ContextView> Acquire(const std::string& owner, const std::string& name) override {
     ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Find(owner, name));
     std::lock_guard<std::mutex> lock(mu_);
-    if (Gone(*e)) return NotFound(name);
+    if (Gone(*e)) return NotFound(owner, name);
     ContextView view;
     view.dtype = e->config.dtype;
     view.kv_heads = e->config.kv_heads;
@@ -244,16 +250,16 @@ class ContextStoreImpl final : public ContextStore {
   absl::StatusOr<ContextInfo> Get(const std::string& owner, const std::string& name) override {
     ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Find(owner, name));
     std::lock_guard<std::mutex> lock(mu_);
-    if (Gone(*e)) return NotFound(name);
+    if (Gone(*e)) return NotFound(owner, name);
     return InfoLocked(*e, absl::Now());
   }
 
   absl::StatusOr<int64_t> Delete(const std::string& owner, const std::string& name) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(name);
-    if (it == entries_.end() || it->second->owner != owner) return NotFoundLocked(name);
+    auto it = entries_.find(Key(owner, name));
+    if (it == entries_.end()) return NotFoundLocked(owner, name);
     const int64_t in_use = it->second->in_use->load();
-    RememberLocked(name, "deleted");
+    RememberLocked(it->first, "deleted");
     entries_.erase(it);
     return in_use;
   }
@@ -423,32 +429,35 @@ class ContextStoreImpl final : public ContextStore {
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& owner, const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(name);
-    if (it == entries_.end() || it->second->owner != owner) return NotFoundLocked(name);
+    auto it = entries_.find(Key(owner, name));
+    if (it == entries_.end()) return NotFoundLocked(owner, name);
     return it->second;
   }
 
   // Whether `e` left the map (deleted or expired) since it was found.
   bool Gone(const Entry& e) const {
-    auto it = entries_.find(e.config.name);
+    auto it = entries_.find(Key(e.owner, e.config.name));
     return it == entries_.end() || it->second.get() != &e;
   }
 
-  absl::Status NotFound(const std::string& name) { return NotFoundLocked(name); }
-  absl::Status NotFoundLocked(const std::string& name) const {
-    auto it = tombstones_.find(name);
+  absl::Status NotFound(const std::string& owner, const std::string& name) {
+    return NotFoundLocked(owner, name);
+  }
+  absl::Status NotFoundLocked(const std::string& owner, const std::string& name) const {
+    auto it = tombstones_.find(Key(owner, name));
     return absl::NotFoundError(
         absl::StrCat("context: no context named '", SanitizeForLog(name, 128), "'",
                      it == tombstones_.end() ? "" : absl::StrCat(" (", it->second, ")")));
   }
 
-  void RememberLocked(const std::string& name, std::string why) {
+  // `key`: Key(owner, name).
+  void RememberLocked(const std::string& key, std::string why) {
     if (tombstones_.size() >= kMaxTombstones) {
       tombstones_.erase(tombstone_order_.front());
       tombstone_order_.pop_front();
     }
-    if (tombstones_.insert_or_assign(name, std::move(why)).second) {
-      tombstone_order_.push_back(name);
+    if (tombstones_.insert_or_assign(key, std::move(why)).second) {
+      tombstone_order_.push_back(key);
     }
   }
 

@@ -20,8 +20,9 @@
 // Limits: the K + V bytes of every context together stay within memory_budget_bytes (RESOURCE_
 // EXHAUSTED past it; each device gets an equal share). A
 // context idle for longer than its time-to-live is deleted by the sweeper, never while a request
-// holds it. Every method takes `owner` (the caller's identity; the service passes "" today, as for
-// regions), so scoping contexts to callers is done here.
+// holds it. Every method takes `owner` (the caller's principal, server/auth/; "" for every caller
+// without a token file). Each owner has its own namespace of names: another owner's context is
+// NOT_FOUND, and two owners may each create a context of the same name.
 #ifndef ATTNSERVE_SERVER_CONTEXTS_CONTEXT_STORE_H_
 #define ATTNSERVE_SERVER_CONTEXTS_CONTEXT_STORE_H_
 

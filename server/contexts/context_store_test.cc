@@ -77,6 +77,29 @@ TEST_F(ContextStoreTest, AppendsInPiecesGrowAndReadBack) {
   EXPECT_EQ(std::memcmp(before_growth->k_data, k1.data(), k1.size()), 0);
 }
 
+TEST_F(ContextStoreTest, EachOwnerHasItsOwnNames) {
+  auto store = MakeStore(1 << 20);
+  ASSERT_TRUE(store->CreateContext("alice", Config("c", 8)).ok());
+  ASSERT_TRUE(store->CreateContext("bob", Config("c", 16)).ok());  // bob's own "c"
+  EXPECT_EQ(store->CreateContext("alice", Config("c", 8)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store->Get("", "c").status().code(), absl::StatusCode::kNotFound);
+  const std::vector<uint8_t> k = Rows(2, 1), v = Rows(2, 2);
+  ASSERT_TRUE(store->Append("alice", "c", 2, k.data(), v.data(), 0).ok());
+  EXPECT_EQ(store->Get("alice", "c")->tokens, 2);
+  EXPECT_EQ(store->Get("bob", "c")->tokens, 0);
+  EXPECT_EQ(store->Get("bob", "c")->config.capacity_tokens, 16);
+  ASSERT_EQ(store->List("alice").size(), 1u);
+  EXPECT_EQ(store->List("alice")[0].config.name, "c");
+  ASSERT_TRUE(store->Delete("alice", "c").ok());
+  absl::Status gone = store->Get("alice", "c").status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(gone.message()).find("(deleted)"), std::string::npos) << gone;
+  // Alice's tombstone is hers: bob's "c" is still there, and unaffected.
+  EXPECT_TRUE(store->Get("bob", "c").ok());
+  EXPECT_EQ(store->Totals().contexts, 1);
+}
+
 TEST_F(ContextStoreTest, LimitsAnswerWithTheirCodes) {
   auto store = MakeStore(/*budget=*/64 * kRowBytes, /*initial=*/4);
   EXPECT_EQ(store->CreateContext("", Config("bad name")).status().code(),

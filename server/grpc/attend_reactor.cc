@@ -23,23 +23,6 @@
 #include "wire/status.h"
 
 namespace attnserve {
-namespace {
-
-// Left in chunk.offset of the request message before each read (no client sends it: offsets
-// below 0 are refused). Deserialising a message clears the whole message first, even when its
-// bytes then fail to parse, so a failed read that leaves the marker in place received no message.
-constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
-
-std::string SpecSummary(const AttentionSpec& spec) {
-  std::string s(PatternName(spec.pattern));
-  if (const auto* bs = std::get_if<BlockSparseSpec>(&spec.pattern)) {
-    absl::StrAppend(&s, "/", std::string(GeneratorName(bs->generator)), "/b", bs->block_size);
-  }
-  if (spec.causal) absl::StrAppend(&s, "+causal");
-  return s;
-}
-
-}  // namespace
 
 // One Attend call. Reactions may run concurrently on gRPC threads, and the job's completion
 // arrives on a worker thread, so state lives under mu_. gRPC operations (StartRead, StartWrite,
@@ -56,7 +39,8 @@ class AttentionServiceImpl::AttendReactor final
   AttendReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        assembler_(AssemblerLimits(service)),
+        caller_(service->AdmitStream(*context, &stream_slot_)),
+        assembler_(AssemblerLimits(service, caller_)),
         start_(absl::Now()),
         last_message_(start_) {
     service_->CallStarted();
@@ -67,6 +51,9 @@ class AttentionServiceImpl::AttendReactor final
       std::lock_guard<std::mutex> lock(mu_);
       if (service_->draining()) {
         final_ = absl::UnavailableError("server is draining");
+        a = FinishIfReadyLocked();
+      } else if (!caller_.ok()) {
+        final_ = caller_.status();  // no token, a wrong one, or the caller's streams are all used
         a = FinishIfReadyLocked();
       } else {
         a.read = ArmReadLocked();
@@ -89,11 +76,9 @@ class AttentionServiceImpl::AttendReactor final
       const bool failed_before_message =
           !ok && grpc_call_failed_before_recv_message(context_->c_call()) != 0;
       if (!ok) {
-        spdlog::debug(
-            "call {}: attend read ended: marker_intact={} cancelled={}/{} "
-            "failed_before_recv_message={}",
-            LogValue(LoggedIdLocked(), 128), marker_intact, cancelled_, context_->IsCancelled(),
-            failed_before_message);
+        spdlog::debug("call {}: read ended: marker_intact={} cancelled={}/{} failed_before={}",
+                      LogValue(LoggedIdLocked(), 128), marker_intact, cancelled_,
+                      context_->IsCancelled(), failed_before_message);
       }
       if (!ok && cancelled_) {
         // OnCancel ran while this read was in flight and its outcome waited for this read: a
@@ -239,12 +224,15 @@ class AttentionServiceImpl::AttendReactor final
     std::optional<grpc::Status> finish;
   };
 
-  static AssemblerOptions AssemblerLimits(AttentionServiceImpl* service) {
+  static AssemblerOptions AssemblerLimits(
+      AttentionServiceImpl* service,
+      const absl::StatusOr<std::shared_ptr<auth::Principal>>& caller) {
     AssemblerOptions o = service->options_.limits;
     o.tracker = &service->request_memory_;
     o.host_memory = &service->pool_->device(0).host_memory();
     o.regions = service->regions_.get();
-    o.region_owner = "";  // one namespace per server today (server/regions/region_registry.h)
+    // The caller's regions and contexts only (an unauthenticated call never reads a message).
+    o.region_owner = caller.ok() ? (*caller)->name() : "";
     o.contexts = service->contexts_.get();
     o.upload_budget = service->upload_budget_.get();
     for (size_t i = 0; i < service->pool_->size(); ++i) {
@@ -284,6 +272,13 @@ class AttentionServiceImpl::AttendReactor final
     if (request_.has_header() && !assembler_.has_header()) {
       // Kept before validation, so that a refused header is logged with the id it carried.
       client_id_ = request_.header().request_id();
+    }
+    if (request_.has_header() && !assembler_.has_header()) {
+      if (absl::Status s = CheckAttendHeader(**caller_, request_.header()); !s.ok()) {
+        final_ = s;
+        request_.Clear();
+        return;
+      }
     }
     if (absl::Status s = assembler_.Add(request_); !s.ok()) {
       final_ = s;
@@ -555,6 +550,10 @@ class AttentionServiceImpl::AttendReactor final
 
   AttentionServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
+  // The caller (server/auth/) and its stream, held for the whole call; before assembler_, whose
+  // owner it names.
+  auth::StreamSlot stream_slot_;
+  const absl::StatusOr<std::shared_ptr<auth::Principal>> caller_;
 
   std::mutex mu_;
   Stage stage_ = Stage::kReceiving;

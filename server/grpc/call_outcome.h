@@ -4,6 +4,8 @@
 #ifndef ATTNSERVE_SERVER_GRPC_CALL_OUTCOME_H_
 #define ATTNSERVE_SERVER_GRPC_CALL_OUTCOME_H_
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -15,6 +17,11 @@
 #include "grpcpp/server_context.h"
 
 namespace attnserve {
+
+// Left in chunk.offset of a request message before each read (no client sends it: offsets below
+// 0 are refused). Deserialising a message clears the whole message first, even when its bytes
+// then fail to parse, so a failed read that leaves the marker in place received no message.
+inline constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
 
 // A gRPC deadline as an absl::Time (no deadline: InfiniteFuture).
 inline absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {

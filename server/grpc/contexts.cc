@@ -1,6 +1,7 @@
 // CreateContext, AppendContext, GetContext, DeleteContext, ListContexts over the service's
-// ContextStore (server/contexts/). As for regions, the owner passed to the store is the empty
-// string today: one namespace per server.
+// ContextStore (server/contexts/). A context belongs to the principal that created it (the
+// anonymous "" without a token file): another principal's calls do not find it (NOT_FOUND).
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -26,8 +27,6 @@
 
 namespace attnserve {
 namespace {
-
-std::string OwnerOf(const grpc::CallbackServerContext& /*context*/) { return ""; }
 
 grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
                                      const absl::Status& status) {
@@ -82,18 +81,31 @@ class AttentionServiceImpl::AppendReactor final
         last_message_(start_) {
     service_->CallStarted();
     service_->watchdog_->Add(this);
-    const bool draining = service_->draining();
+    // Refused before the first read: the server is draining, or the caller has no valid token or
+    // no free stream.
+    absl::Status refused;
+    if (service_->draining()) {
+      refused = absl::UnavailableError("server is draining");
+    } else {
+      absl::StatusOr<std::shared_ptr<auth::Principal>> caller =
+          service_->AdmitStream(*context_, &stream_slot_);
+      if (caller.ok()) {
+        caller_ = *std::move(caller);
+      } else {
+        refused = caller.status();
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (draining) {
-        final_ = absl::UnavailableError("server is draining");
+      if (!refused.ok()) {
+        final_ = refused;
         finished_ = true;
       } else {
         ++starting_;
       }
     }
-    if (draining) {
-      Finish(ToGrpcStatus(absl::UnavailableError("server is draining")));
+    if (!refused.ok()) {
+      Finish(ToGrpcStatus(refused));
       return;
     }
     StartReadAndSettle();
@@ -192,7 +204,7 @@ class AttentionServiceImpl::AppendReactor final
   absl::Status AddHeader(const v1::AppendContextHeader& h) {
     if (has_header_) return absl::InvalidArgumentError("header: sent twice");
     name_ = h.context();
-    ATTN_ASSIGN_OR_RETURN(ContextInfo info, service_->contexts_->Get(OwnerOf(*context_), name_));
+    ATTN_ASSIGN_OR_RETURN(ContextInfo info, service_->contexts_->Get(caller_->name(), name_));
     if (h.tokens() < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("header.tokens: must be >= 1, got ", h.tokens()));
@@ -205,8 +217,11 @@ class AttentionServiceImpl::AppendReactor final
           "header.tokens: ", h.tokens(), " rows of K and V exceed --max-request-bytes=", limit,
           " (append in pieces)"));
     }
+    ATTN_RETURN_IF_ERROR(
+        caller_->CheckRequestBytes(h.tokens() * row_bytes * 2, "header.tokens: k and v rows"));
     tokens_ = h.tokens();
     bytes_ = tokens_ * row_bytes;
+    row_bytes_ = row_bytes;
     ATTN_RETURN_IF_ERROR(service_->upload_budget_->Reserve(
         (h.has_k_region() ? 0 : bytes_) + (h.has_v_region() ? 0 : bytes_), "header: k and v",
         &reservation_));
@@ -219,7 +234,7 @@ class AttentionServiceImpl::AppendReactor final
       if (has_ref[i]) {
         ATTN_ASSIGN_OR_RETURN(
             RegionSlice slice,
-            ResolveRegionRef(service_->regions_.get(), OwnerOf(*context_), *refs[i],
+            ResolveRegionRef(service_->regions_.get(), caller_->name(), *refs[i],
                              absl::StrCat("header.", name, "_region"), bytes_,
                              absl::StrCat(name, " [", tokens_, ", ", c.kv_heads, ", ", c.head_dim,
                                           "] ", std::string(DTypeName(c.dtype)))));
@@ -276,15 +291,22 @@ class AttentionServiceImpl::AppendReactor final
                                                        bytes_, " bytes"));
       }
     }
+    // The caller's max_resident_bytes: rows past the context's reservation make it grow.
+    std::unique_lock<std::mutex> resident(caller_->resident_mu(), std::defer_lock);
+    if (caller_->limits().max_resident_bytes > 0) {
+      resident.lock();
+      ATTN_ASSIGN_OR_RETURN(ContextInfo now, service_->contexts_->Get(caller_->name(), name_));
+      const int64_t growth =
+          std::max<int64_t>(0, now.tokens + tokens_ - now.reserved_tokens) * row_bytes_ * 2;
+      ATTN_RETURN_IF_ERROR(caller_->CheckResident(service_->ResidentBytes(caller_->name()), growth,
+                                                  "append: k and v rows past the reservation"));
+    }
     ATTN_ASSIGN_OR_RETURN(ContextInfo info, service_->contexts_->Append(
-                                                OwnerOf(*context_), name_, tokens_,
-                                                tensors_[0].data(), tensors_[1].data(), expect_));
+                                                caller_->name(), name_, tokens_, tensors_[0].data(),
+                                                tensors_[1].data(), expect_));
     ContextStatusToProto(info, response_->mutable_context());
     return absl::OkStatus();
   }
-
-  // See attend_reactor.cc: a failed read that leaves this in chunk.offset received no message.
-  static constexpr int64_t kUnreadMarker = std::numeric_limits<int64_t>::min();
 
   // Starts the next read (the request marked with kUnreadMarker), then finishes the call if the watchdog ended it meanwhile (it leaves
   // Finish to us while a read is being started).
@@ -317,6 +339,9 @@ class AttentionServiceImpl::AppendReactor final
   bool read_dropped_ = false;   // the last read failed without the stream failing first
   UploadBudget::Reservation reservation_;
   v1::AppendContextRequest request_;
+  auth::StreamSlot stream_slot_;             // one of the caller's streams, for the whole call
+  std::shared_ptr<auth::Principal> caller_;  // set before the first read
+  int64_t row_bytes_ = 0;                    // of one K (or V) row
   bool has_header_ = false;
   std::string name_;
   int64_t tokens_ = 0;
@@ -335,6 +360,8 @@ grpc::ServerReadReactor<v1::AppendContextRequest>* AttentionServiceImpl::AppendC
 grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
     grpc::CallbackServerContext* context, const v1::CreateContextRequest* request,
     v1::CreateContextResponse* response) {
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
   ContextConfig config;
   config.name = request->name();
   absl::StatusOr<DType> dtype = DTypeFromProto(request->dtype(), "dtype");
@@ -349,7 +376,22 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
                                    "ttl_seconds: must be >= 0, got ", request->ttl_seconds())));
   }
   config.ttl = absl::Seconds(request->ttl_seconds());
-  absl::StatusOr<ContextInfo> info = contexts_->CreateContext(OwnerOf(*context), config);
+  const std::string& owner = (*caller)->name();
+  // The caller's max_resident_bytes: created, then counted (a growable context's first rows are
+  // only known once made), and deleted again when over, all under the caller's resident lock.
+  std::unique_lock<std::mutex> resident((*caller)->resident_mu(), std::defer_lock);
+  int64_t held = 0;
+  if ((*caller)->limits().max_resident_bytes > 0) {
+    resident.lock();
+    held = ResidentBytes(owner);
+  }
+  absl::StatusOr<ContextInfo> info = contexts_->CreateContext(owner, config);
+  if (info.ok() && resident.owns_lock()) {
+    if (absl::Status s = (*caller)->CheckResident(held, info->bytes, "create context"); !s.ok()) {
+      (void)contexts_->Delete(owner, config.name);
+      info = s;
+    }
+  }
   if (!info.ok()) {
     spdlog::warn("create context {}: {}", LogValue(request->name(), 128),
                  SanitizeForLog(info.status().ToString(), 1024));
@@ -366,7 +408,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::CreateContext(
 grpc::ServerUnaryReactor* AttentionServiceImpl::GetContext(grpc::CallbackServerContext* context,
                                                            const v1::GetContextRequest* request,
                                                            v1::GetContextResponse* response) {
-  absl::StatusOr<ContextInfo> info = contexts_->Get(OwnerOf(*context), request->name());
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  absl::StatusOr<ContextInfo> info = contexts_->Get((*caller)->name(), request->name());
   if (info.ok()) ContextStatusToProto(*info, response->mutable_context());
   return FinishWith(context, info.status());
 }
@@ -374,7 +418,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetContext(grpc::CallbackServerC
 grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteContext(
     grpc::CallbackServerContext* context, const v1::DeleteContextRequest* request,
     v1::DeleteContextResponse* response) {
-  absl::StatusOr<int64_t> in_use = contexts_->Delete(OwnerOf(*context), request->name());
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  absl::StatusOr<int64_t> in_use = contexts_->Delete((*caller)->name(), request->name());
   if (in_use.ok()) {
     spdlog::info("delete context {}{}", LogValue(request->name(), 128),
                  *in_use > 0 ? absl::StrCat(": ", *in_use, " request(s) still use it") : "");
@@ -386,7 +432,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteContext(
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListContexts(
     grpc::CallbackServerContext* context, const v1::ListContextsRequest* /*request*/,
     v1::ListContextsResponse* response) {
-  for (const ContextInfo& info : contexts_->List(OwnerOf(*context))) {
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  for (const ContextInfo& info : contexts_->List((*caller)->name())) {
     ContextStatusToProto(info, response->add_contexts());
   }
   return FinishWith(context, absl::OkStatus());

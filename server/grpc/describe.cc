@@ -15,8 +15,16 @@ namespace attnserve {
 grpc::ServerUnaryReactor* AttentionServiceImpl::Describe(grpc::CallbackServerContext* context,
                                                          const v1::DescribeRequest* request,
                                                          v1::DescribeResponse* response) {
-  *response = BuildDescribe();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (options_.describe_needs_token) {  // --auth-discovery
+    if (absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+        !caller.ok()) {
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message())));
+      return reactor;
+    }
+  }
+  *response = BuildDescribe();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

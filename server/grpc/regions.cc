@@ -1,6 +1,7 @@
 // RegisterRegion, UnregisterRegion, ListRegions: unary calls over the service's RegionRegistry
-// (server/regions/). The owner passed to the registry is the empty string today: one namespace per
-// server (see region_registry.h for how a caller identity would scope them).
+// (server/regions/). A region belongs to the principal that registered it (the anonymous "" without
+// a token file): another principal's calls do not find it (NOT_FOUND).
+#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -11,9 +12,6 @@
 
 namespace attnserve {
 namespace {
-
-// Today every caller shares one namespace; a later change passes the caller's identity here.
-std::string OwnerOf(const grpc::CallbackServerContext& /*context*/) { return ""; }
 
 void ToProto(const RegionInfo& info, v1::RegionStatus* out) {
   out->set_name(info.name);
@@ -39,23 +37,38 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* AttentionServiceImpl::RegisterRegion(
     grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
     v1::RegisterRegionResponse* response) {
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  const std::string& owner = (*caller)->name();
+  // The caller's max_resident_bytes: registered, then counted, and unregistered again when over,
+  // under the caller's resident lock.
+  std::unique_lock<std::mutex> resident((*caller)->resident_mu(), std::defer_lock);
+  int64_t held = 0;
+  if ((*caller)->limits().max_resident_bytes > 0) {
+    resident.lock();
+    held = ResidentBytes(owner);
+  }
   absl::StatusOr<RegionInfo> info;
   switch (request->kind_case()) {
     case v1::RegisterRegionRequest::kSystem: {
       const v1::SystemRegion& r = request->system();
-      info = regions_->RegisterSystem(OwnerOf(*context), request->name(), r.shm_key(), r.offset(),
-                                      r.bytes());
+      info = regions_->RegisterSystem(owner, request->name(), r.shm_key(), r.offset(), r.bytes());
       break;
     }
     case v1::RegisterRegionRequest::kCudaIpc: {
       const v1::CudaIpcRegion& r = request->cuda_ipc();
-      info = regions_->RegisterCudaIpc(OwnerOf(*context), request->name(), r.handle(), r.device(),
-                                       r.bytes());
+      info = regions_->RegisterCudaIpc(owner, request->name(), r.handle(), r.device(), r.bytes());
       break;
     }
     case v1::RegisterRegionRequest::KIND_NOT_SET:
       info = absl::InvalidArgumentError("kind: one of system, cuda_ipc must be set");
       break;
+  }
+  if (info.ok() && resident.owns_lock()) {
+    if (absl::Status s = (*caller)->CheckResident(held, info->bytes, "register region"); !s.ok()) {
+      (void)regions_->Unregister(owner, info->name);
+      info = s;
+    }
   }
   if (!info.ok()) {
     spdlog::warn("register region {}: {}", LogValue(request->name(), 128),
@@ -72,7 +85,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::RegisterRegion(
 grpc::ServerUnaryReactor* AttentionServiceImpl::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse* response) {
-  absl::StatusOr<UnregisterOutcome> out = regions_->Unregister(OwnerOf(*context), request->name());
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  absl::StatusOr<UnregisterOutcome> out = regions_->Unregister((*caller)->name(), request->name());
   if (!out.ok()) return FinishWith(context, out.status());
   spdlog::info("unregister region {}{}", LogValue(request->name(), 128),
                out->in_use ? absl::StrCat(": ", out->leases, " request(s) still use it") : "");
@@ -84,7 +99,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::UnregisterRegion(
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListRegions(
     grpc::CallbackServerContext* context, const v1::ListRegionsRequest* /*request*/,
     v1::ListRegionsResponse* response) {
-  for (const RegionInfo& info : regions_->List(OwnerOf(*context))) {
+  absl::StatusOr<std::shared_ptr<auth::Principal>> caller = Authorize(*context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  for (const RegionInfo& info : regions_->List((*caller)->name())) {
     ToProto(info, response->add_regions());
   }
   return FinishWith(context, absl::OkStatus());

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
 #include "core/tensor/tensor.h"
+#include "server/auth/principals.h"
 #include "server/contexts/context_store.h"
 #include "server/device_pool.h"
 #include "server/metrics.h"
@@ -40,6 +41,12 @@ struct ServiceOptions {
   int64_t max_upload_bytes = 0;
   // Give freed heap memory back to the OS (malloc_trim) whenever the last call in progress ends.
   bool trim_when_idle = true;
+  // Who may call (--token-file; server/auth/principals.h). Null: no tokens, every caller is the
+  // anonymous principal "" without limits of its own. Not owned; must outlive the service.
+  const auth::Authenticator* authenticator = nullptr;
+  // --auth-discovery: Describe needs a token too (with an authenticator; reflection is gated in
+  // main.cc, health never).
+  bool describe_needs_token = false;
 };
 
 // A context's figures as the wire reports them (ContextStatus).
@@ -119,6 +126,19 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
   AttentionServiceImpl(const ServiceOptions& options, DevicePool* pool, Scheduler* scheduler,
                        Metrics* metrics, std::unique_ptr<ContextStore> contexts);
+  // Security (grpc/auth.cc). The caller of a call, from its `authorization` metadata:
+  // UNAUTHENTICATED when tokens are configured and it carries none, or a wrong one.
+  absl::StatusOr<std::shared_ptr<auth::Principal>> Authorize(
+      const grpc::CallbackServerContext& context) const;
+  // Authorize, then one of the caller's max_concurrent_streams (held while `slot` lives).
+  absl::StatusOr<std::shared_ptr<auth::Principal>> AdmitStream(
+      const grpc::CallbackServerContext& context, auth::StreamSlot* slot) const;
+  // Bytes `owner`'s contexts and shared-memory regions hold now.
+  int64_t ResidentBytes(const std::string& owner);
+  // The caller's max_request_bytes against what an Attend header brings (Q, and K and V unless
+  // they come from a context), before the request assembler allocates anything.
+  static absl::Status CheckAttendHeader(const auth::Principal& caller,
+                                        const v1::AttendHeader& header);
   void CallStarted();
   void CallEnded();
   // "req-<run>-<n>": <run> is 8 hex digits drawn at random when the service starts, <n> counts
@@ -134,6 +154,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   MemoryTracker request_memory_;
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<ContextStore> contexts_;
+  // The caller of every call when options_.authenticator is null (no limits of its own).
+  const std::shared_ptr<auth::Principal> anonymous_ = std::make_shared<auth::Principal>("");
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopping_{false};
   const std::string run_id_;

@@ -48,6 +48,12 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// The map key of `owner`'s region `name`: each owner has its own namespace. Owners and names hold
+// no NUL, so the key is unambiguous; the anonymous owner "" keys by the name alone.
+std::string Key(const std::string& owner, const std::string& name) {
+  return owner.empty() ? name : absl::StrCat(owner, absl::string_view("\0", 1), name);
+}
+
 class RegistryImpl final : public RegionRegistry {
  public:
   explicit RegistryImpl(const RegionRegistryOptions& options)
@@ -75,7 +81,7 @@ class RegistryImpl final : public RegionRegistry {
     {
       std::lock_guard<std::mutex> lock(mu_);
       SweepLocked();
-      auto it = entries_.find(name);
+      auto it = entries_.find(Key(owner, name));
       if (it == entries_.end() || it->second->pending) {
         return absl::NotFoundError(
             absl::StrCat("name: no region named '", SanitizeForLog(name, 128), "'"));
@@ -100,7 +106,7 @@ class RegistryImpl final : public RegionRegistry {
     std::vector<RegionInfo> out;
     for (const auto& [name, e] : entries_) {
       std::shared_ptr<Region> region = e->mapped.lock();
-      if (e->pending || region == nullptr) continue;
+      if (e->pending || region == nullptr || e->owner != owner) continue;
       out.push_back(InfoOf(*e, *region));
     }
     return out;
@@ -111,7 +117,7 @@ class RegistryImpl final : public RegionRegistry {
     std::shared_ptr<Region> region;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = entries_.find(name);
+      auto it = entries_.find(Key(owner, name));
       if (it == entries_.end() || it->second->pending) {
         return absl::NotFoundError(
             absl::StrCat("no region named '", SanitizeForLog(name, 128), "'"));
@@ -169,7 +175,7 @@ class RegistryImpl final : public RegionRegistry {
     {
       std::lock_guard<std::mutex> lock(mu_);
       SweepLocked();
-      if (auto it = entries_.find(name); it != entries_.end()) {
+      if (auto it = entries_.find(Key(owner, name)); it != entries_.end()) {
         return absl::AlreadyExistsError(absl::StrCat(
             "name: a region named '", name, "' is already registered",
             it->second->closing ? " (it is being unregistered; requests in flight still use it)"
@@ -180,11 +186,11 @@ class RegistryImpl final : public RegionRegistry {
             absl::StrCat("name: ", entries_.size(), " regions are registered, the limit (",
                          "--max-regions=", options_.max_regions, ")"));
       }
-      entries_[name] = entry;  // reserved
+      entries_[Key(owner, name)] = entry;  // reserved
     }
     absl::StatusOr<std::unique_ptr<Region>> opened = open();
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(name);
+    auto it = entries_.find(Key(owner, name));
     const bool still_reserved = it != entries_.end() && it->second == entry;
     if (!opened.ok() || !still_reserved) {
       if (still_reserved) entries_.erase(it);

@@ -8,10 +8,10 @@
 // drops the registry's hold; the memory is unmapped when the last lease goes, so a request in
 // flight never reads or writes unmapped memory. The name stays taken until then.
 //
-// Identity: every method takes `owner`, the caller's identity. Today the service passes the
-// empty string (one namespace per server: any caller may use and unregister any region); the
-// registry records it and lists it. Scoping regions to a caller (a later security change) is done
-// here, by comparing `owner` with the region's in Acquire/Unregister/List, without touching callers.
+// Identity: every method takes `owner`, the caller's identity (its principal's name, server/auth/;
+// "" for every caller without a token file). Each owner has its own namespace of names: Acquire,
+// Unregister and List see only the owner's regions (another owner's is NOT_FOUND), and two owners
+// may each register a region of the same name.
 #ifndef ATTNSERVE_SERVER_REGIONS_REGION_REGISTRY_H_
 #define ATTNSERVE_SERVER_REGIONS_REGION_REGISTRY_H_
 

@@ -68,6 +68,30 @@ TEST(RegionRegistryTest, RegisterListUnregister) {
   EXPECT_EQ(registry->Acquire("", "in").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(RegionRegistryTest, RegionsAreScopedToTheirOwner) {
+  auto registry = MakeRegionRegistry({});
+  ShmObject shm(8192);
+  ASSERT_TRUE(registry->RegisterSystem("alice", "r", shm.key(), 0, 4096).ok());
+  EXPECT_EQ(registry->List("alice").size(), 1u);
+  EXPECT_TRUE(registry->List("bob").empty());
+  EXPECT_TRUE(registry->List("").empty());
+  EXPECT_EQ(registry->Acquire("bob", "r").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry->Unregister("bob", "r").status().code(), absl::StatusCode::kNotFound);
+  // Each owner has its own names: bob's "r" is another region, and alice's stays hers.
+  absl::StatusOr<RegionInfo> bobs = registry->RegisterSystem("bob", "r", shm.key(), 4096, 64);
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  EXPECT_EQ(registry->List("bob").size(), 1u);
+  EXPECT_EQ(registry->List("bob")[0].bytes, 64);
+  EXPECT_EQ(registry->List("alice")[0].bytes, 4096);
+  EXPECT_EQ(registry->RegisterSystem("alice", "r", shm.key(), 0, 64).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(registry->Acquire("alice", "r").ok());
+  EXPECT_TRUE(registry->Unregister("alice", "r").ok());
+  EXPECT_EQ(registry->Acquire("alice", "r").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry->Acquire("bob", "r").ok());
+  EXPECT_TRUE(registry->Unregister("bob", "r").ok());
+}
+
 TEST(RegionRegistryTest, WritesThroughTheMappingAreSeenByTheCaller) {
   auto registry = MakeRegionRegistry({});
   ShmObject shm(8192);

@@ -35,8 +35,9 @@ int64_t StatusBytes(pid_t pid, const std::string& field) {
 }
 
 // One Attend call through the generic stub: `header` (a serialized AttendRequest), then one
-// message of `payload_bytes` zero bytes, then the half-close; responses are read and dropped.
-// Returns the call's status. Every wait is bounded by `timeout`.
+// message of `payload_bytes` zero bytes, then the half-close, and the call's status. No read is
+// posted: the server answers this call with a status only, and a read left pending when a write
+// fails can keep Finish from completing. Every wait is bounded by `timeout`.
 grpc::Status AttendRaw(const std::shared_ptr<grpc::Channel>& channel, const std::string& header,
                        int64_t payload_bytes, absl::Duration timeout) {
   static const std::string* const block = new std::string(kMiB, '\0');
@@ -47,39 +48,21 @@ grpc::Status AttendRaw(const std::shared_ptr<grpc::Channel>& channel, const std:
   context.set_deadline(deadline);
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
       stub.PrepareCall(&context, "/attnserve.v1.AttentionService/Attend", &cq);
-  // Tags: 1 start, 2 write, 3 read, 4 writes done, 5 finish. One write and one read in flight.
-  grpc::ByteBuffer response;
-  bool reading = false;
-  // Waits for `want`, re-arming the read on the way; false when the queue gave up.
-  auto await = [&](intptr_t want, bool* ok_out) {
-    for (;;) {
-      void* tag = nullptr;
-      bool ok = false;
-      if (cq.AsyncNext(&tag, &ok, deadline + std::chrono::seconds(5)) !=
-          grpc::CompletionQueue::GOT_EVENT) {
-        return false;
-      }
-      const intptr_t got = reinterpret_cast<intptr_t>(tag);
-      if (got == 3) {
-        reading = ok;
-        if (ok) call->Read(&response, reinterpret_cast<void*>(3));
-      }
-      if (got == want) {
-        if (ok_out != nullptr) *ok_out = ok;
-        return true;
-      }
-    }
+  // One operation at a time; tag 1 for all of them. False when the queue gave up.
+  auto await = [&](bool* ok) {
+    void* tag = nullptr;
+    return cq.AsyncNext(&tag, ok, deadline + std::chrono::seconds(5)) ==
+           grpc::CompletionQueue::GOT_EVENT;
   };
+  void* const tag = reinterpret_cast<void*>(1);
   bool ok = false;
-  call->StartCall(reinterpret_cast<void*>(1));
-  if (!await(1, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "start timed out");
+  call->StartCall(tag);
+  if (!await(&ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "start timed out");
   if (ok) {
-    reading = true;
-    call->Read(&response, reinterpret_cast<void*>(3));
     grpc::Slice header_slice(header);
     grpc::ByteBuffer header_buffer(&header_slice, 1);
-    call->Write(header_buffer, reinterpret_cast<void*>(2));
-    if (!await(2, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "write timed out");
+    call->Write(header_buffer, tag);
+    if (!await(&ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "write timed out");
   }
   if (ok) {
     std::vector<grpc::Slice> slices;
@@ -88,24 +71,19 @@ grpc::Status AttendRaw(const std::shared_ptr<grpc::Channel>& channel, const std:
                           grpc::Slice::STATIC_SLICE);
     }
     grpc::ByteBuffer payload(slices.data(), slices.size());
-    call->Write(payload, reinterpret_cast<void*>(2));  // fails once the server has refused it
-    if (!await(2, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "write timed out");
+    call->Write(payload, tag);  // fails once the server has refused it
+    if (!await(&ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "write timed out");
   }
   if (ok) {
-    call->WritesDone(reinterpret_cast<void*>(4));
-    if (!await(4, &ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "half-close timed out");
-  }
-  // Once a write fails the call is over; the status arrives with Finish (a read still pending
-  // then completes with false).
-  while (ok && reading) {
-    if (!await(3, nullptr)) return grpc::Status(grpc::StatusCode::INTERNAL, "read timed out");
+    call->WritesDone(tag);
+    if (!await(&ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "half-close timed out");
   }
   grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  if (!await(5, nullptr)) return grpc::Status(grpc::StatusCode::INTERNAL, "finish timed out");
+  call->Finish(&status, tag);
+  if (!await(&ok)) return grpc::Status(grpc::StatusCode::INTERNAL, "finish timed out");
   cq.Shutdown();
-  void* tag = nullptr;
-  while (cq.Next(&tag, &ok)) {
+  void* ignored = nullptr;
+  while (cq.Next(&ignored, &ok)) {
   }
   return status;
 }

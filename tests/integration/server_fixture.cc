@@ -205,6 +205,7 @@ absl::StatusOr<CommandResult> RunCommand(const std::string& binary,
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const ServerOptions& options) {
   std::unique_ptr<ServerProcess> server(new ServerProcess());
+  server->options_ = options;
   absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("attnserve_it_");
   if (!dir.ok()) return dir.status();
   server->dir_ = *std::move(dir);
@@ -260,6 +261,9 @@ std::unique_ptr<client::AttnClient> ServerProcess::NewClient(int max_attempts) c
   client::ClientOptions options;
   options.target = target_;
   options.max_attempts = max_attempts;
+  options.credentials = options_.credentials;
+  options.tls_server_name = options_.tls_server_name;
+  options.token = options_.token;
   absl::StatusOr<std::unique_ptr<client::AttnClient>> c = client::AttnClient::Create(options);
   if (!c.ok()) {
     ADD_FAILURE() << "AttnClient::Create: " << c.status();

@@ -79,6 +79,11 @@ struct ServerOptions {
   // --metrics-port-file, --backend cpu), e.g. {"--max-queue=1", "--cpu-workers=1"}.
   std::vector<std::string> extra_args;
   absl::Duration startup_timeout = absl::Seconds(60);
+  // How the fixture's clients (the start-up health check, NewClient) connect to a server started
+  // with TLS or tokens: credentials (null: plaintext), the certificate's name, a bearer token.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string tls_server_name;
+  std::string token;
 };
 
 // The real attnserve binary (ATTNSERVE_BINARY) on 127.0.0.1 with kernel-chosen ports.
@@ -109,6 +114,7 @@ class ServerProcess {
   ServerProcess() = default;
   std::unique_ptr<TempDir> dir_;
   std::unique_ptr<ChildProcess> process_;
+  ServerOptions options_;
   std::string target_;
   int port_ = 0;
   int metrics_port_ = 0;

@@ -169,9 +169,13 @@ def check_k8s(rep, repo):
             if "nvidia.com/gpu" not in lim:
                 problems.append("container has no nvidia.com/gpu limit")
             for probe in ("readinessProbe", "livenessProbe"):
+                # A kubelet gRPC probe on 50051, or (with TLS, which that probe cannot speak)
+                # attnctl health against localhost:50051 in the container.
                 g = (c.get(probe) or {}).get("grpc") or {}
-                if g.get("port") != 50051:
-                    problems.append("%s must be a grpc probe on 50051" % probe)
+                cmd = ((c.get(probe) or {}).get("exec") or {}).get("command") or []
+                if g.get("port") != 50051 and not (
+                        cmd[:2] == ["attnctl", "health"] and "localhost:50051" in cmd):
+                    problems.append("%s must be a grpc probe on 50051 or attnctl health" % probe)
             env = {e["name"]: e.get("value") for e in c.get("env") or []}
             if env.get("NCCL_NVLS_ENABLE") != "0":
                 problems.append("NCCL_NVLS_ENABLE=0 missing from the container env")
@@ -185,7 +189,7 @@ def check_k8s(rep, repo):
     else:
         mode = "textual (no PyYAML)"
         for needle in ["kind: Deployment", "kind: Service", "nvidia.com/gpu:", "terminationGracePeriodSeconds:",
-                       "readinessProbe:", "livenessProbe:", "grpc:", "port: 50051",
+                       "readinessProbe:", "livenessProbe:", "port: 50051",
                        'prometheus.io/scrape: "true"', 'prometheus.io/port: "9464"']:
             if needle not in text:
                 problems.append("missing %r" % needle)
