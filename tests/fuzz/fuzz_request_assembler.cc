@@ -64,13 +64,14 @@ v1::AttendHeader FuzzHeader(FuzzedDataProvider& p) {
   h.set_batch(dim(2));
   h.set_tokens(dim(64));
   h.set_kv_heads(dim(2));
-  h.set_q_heads(p.ConsumeBool() ? h.kv_heads() * p.ConsumeIntegralInRange<int64_t>(1, 3)
-                                : dim(4));
+  const bool grouped = h.kv_heads() >= 1 && h.kv_heads() <= 8 && p.ConsumeBool();
+  h.set_q_heads(grouped ? h.kv_heads() * p.ConsumeIntegralInRange<int64_t>(1, 3) : dim(4));
   h.set_head_dim(dim(16));
   if (p.ConsumeBool()) h.set_kv_tokens(dim(96));
   if (p.ConsumeBool()) {
-    h.set_q_offset(p.ConsumeBool() ? std::max<int64_t>(0, h.kv_tokens() - h.tokens())
-                                   : fuzz::FuzzInt(p, 96));
+    const int64_t kv = std::clamp<int64_t>(h.kv_tokens(), 0, 1 << 20);
+    const int64_t n = std::clamp<int64_t>(h.tokens(), 0, 1 << 20);
+    h.set_q_offset(p.ConsumeBool() ? std::max<int64_t>(0, kv - n) : fuzz::FuzzInt(p, 96));
   }
   if (p.ConsumeIntegralInRange<int>(0, 3) == 0) {
     const int parts = p.ConsumeIntegralInRange<int>(1, 4);

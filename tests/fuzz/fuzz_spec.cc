@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -118,7 +119,7 @@ void CheckAgainstRule(const PairMap& map, const AttentionSpec& spec, int64_t nb)
       const bool want = Admits(spec, nb, p, j);
       FUZZ_CHECK(map.Get(p, j) == want, "query ", p, ", key ", j, ": layout ",
                  map.Get(p, j) ? "admits" : "skips", " it, the rule ", want ? "admits" : "skips",
-                 " it (", PatternName(spec.pattern), spec.causal ? ", causal" : "", ")");
+                 " it (", std::string(PatternName(spec.pattern)), spec.causal ? ", causal" : "", ")");
     }
   }
 }
@@ -138,11 +139,15 @@ void CheckBlockLayout(const BlockLayout& l, const AttentionSpec& spec, FuzzedDat
     CheckAgainstRule(map, spec, l.num_blocks);
   }
   // A block-aligned slice holds exactly the layout's pairs in its rectangle.
-  const auto bound = [&](int64_t lo) {
-    const int64_t blk = p.ConsumeIntegralInRange<int64_t>(lo / l.block_size, l.num_blocks);
+  // A range starts on a block boundary (at most the last block's) and ends on one or at seq_len.
+  const auto begin = [&] {
+    return p.ConsumeIntegralInRange<int64_t>(0, l.num_blocks - 1) * l.block_size;
+  };
+  const auto end = [&](int64_t b) {
+    const int64_t blk = p.ConsumeIntegralInRange<int64_t>(b / l.block_size, l.num_blocks);
     return std::min(blk * l.block_size, l.seq_len);
   };
-  const int64_t qb = bound(0), qe = bound(qb), kb = bound(0), ke = bound(kb);
+  const int64_t qb = begin(), qe = end(qb), kb = begin(), ke = end(kb);
   absl::StatusOr<RectLayout> slice = SliceBlockLayout(l, qb, qe, kb, ke);
   FUZZ_CHECK(slice.ok(), slice.status().ToString());
   CheckRect(*slice);
@@ -287,14 +292,16 @@ AttentionShape FuzzShape(FuzzedDataProvider& p, bool huge) {
 }
 
 AttentionSpec FuzzSpec(FuzzedDataProvider& p, const AttentionShape& shape) {
-  const int64_t kv = std::max<int64_t>(shape.kv_len(), 0);
+  // Clamped so that the arithmetic below cannot overflow on a huge (validation-only) shape.
+  const int64_t kv = std::clamp<int64_t>(shape.kv_len(), 0, 4 * kMaxTokens);
+  const int64_t tokens = std::clamp<int64_t>(shape.tokens, 0, 4 * kMaxTokens);
   AttentionSpec spec;
-  spec.pattern = fuzz::FuzzPattern(p, std::min<int64_t>(kv + shape.tokens, 2 * kMaxTokens));
+  spec.pattern = fuzz::FuzzPattern(p, std::min<int64_t>(kv + tokens, 2 * kMaxTokens));
   spec.causal = p.ConsumeBool();
   spec.scale = fuzz::FuzzScale(p);
   switch (p.ConsumeIntegralInRange<int>(0, 3)) {
     case 0:
-      spec.q_offset = kv - shape.tokens;  // bottom-right: decode, chunked prefill
+      spec.q_offset = kv - tokens;  // bottom-right: decode, chunked prefill
       break;
     case 1:
       spec.q_offset = fuzz::FuzzInt(p, kv);
@@ -311,7 +318,7 @@ AttentionSpec FuzzSpec(FuzzedDataProvider& p, const AttentionShape& shape) {
   }
   if (p.ConsumeIntegralInRange<int>(0, 3) == 0) {  // packed sequences
     const int parts = p.ConsumeIntegralInRange<int>(1, 6);
-    spec.cu_seqlens_q = fuzz::FuzzCuSeqlens(p, parts, shape.tokens);
+    spec.cu_seqlens_q = fuzz::FuzzCuSeqlens(p, parts, tokens);
     spec.cu_seqlens_k = fuzz::FuzzCuSeqlens(p, parts, kv);
   }
   return spec;

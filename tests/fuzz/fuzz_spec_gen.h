@@ -7,6 +7,7 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -29,7 +30,7 @@ inline int64_t FuzzInt(FuzzedDataProvider& p, int64_t small_max) {
       return (int64_t{1} << p.ConsumeIntegralInRange<int>(0, 62)) +
              p.ConsumeIntegralInRange<int64_t>(-1, 1);
     default:
-      return p.ConsumeIntegralInRange<int64_t>(-2, small_max);
+      return p.ConsumeIntegralInRange<int64_t>(-2, std::max<int64_t>(small_max, -2));
   }
 }
 
@@ -40,11 +41,13 @@ inline std::vector<int64_t> FuzzInts(FuzzedDataProvider& p, int max_count, int64
 }
 
 // Non-decreasing from 0 to `total` in `parts` steps (valid packed offsets), or raw values.
+// `total` may be anything (a header's raw tokens); only the last entry is then out of range.
 inline std::vector<int64_t> FuzzCuSeqlens(FuzzedDataProvider& p, int parts, int64_t total) {
-  if (p.ConsumeIntegralInRange<int>(0, 7) == 0) return FuzzInts(p, parts + 1, total + 1);
+  const int64_t top = std::clamp<int64_t>(total, 0, int64_t{1} << 20);
+  if (p.ConsumeIntegralInRange<int>(0, 7) == 0) return FuzzInts(p, parts + 1, top + 1);
   std::vector<int64_t> cu(parts + 1, 0);
   for (int i = 1; i < parts; ++i) {
-    cu[i] = p.ConsumeIntegralInRange<int64_t>(cu[i - 1], total);
+    cu[i] = p.ConsumeIntegralInRange<int64_t>(cu[i - 1], top);
   }
   cu[parts] = total;
   return cu;
