@@ -6,21 +6,29 @@
 //         kMaxMessages chunks, each aimed at the next missing bytes of a tensor or anywhere;
 //   odd:  a list of serialized AttendRequest protos, each prefixed by a 2-byte little-endian
 //         length (what a client could put on the wire).
-// The assembler runs with a 1 MiB request limit. Checked: errors are final and carry a message;
+// The assembler runs with a 1 MiB request limit and a registry holding one 1 MiB shared-memory
+// region "r", which headers may name for any of q, k, v, o, lse. Checked: errors are final and carry a message;
 // an accepted chunk never overlaps bytes received before and a refused one says why; what
-// Complete() accepts is byte for byte what the chunks carried; the memory tracker is back at 0
+// Complete() accepts is byte for byte what the chunks (or the region) carried; the memory tracker is back at 0
 // once the assembler and its tensors are gone.
+#include <fcntl.h>
 #include <fuzzer/FuzzedDataProvider.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attnserve.pb.h"
+#include "server/regions/region_registry.h"
 #include "server/request_assembler.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_spec_gen.h"
@@ -33,10 +41,51 @@ constexpr int64_t kMaxRequestBytes = int64_t{1} << 20;
 constexpr int64_t kMaxChunkBytes = int64_t{1} << 14;
 constexpr int kMaxMessages = 256;
 
+constexpr int64_t kRegionBytes = int64_t{1} << 20;
+
+// The registry with region "r" (a POSIX shm object of kRegionBytes, filled with a pattern), made
+// once per process; the object is unlinked at once, the mapping stays.
+RegionRegistry* Regions() {
+  static RegionRegistry* registry = [] {
+    const std::string key = "/attnserve_fuzz_assembler_" + std::to_string(::getpid());
+    const int fd = ::shm_open(key.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+    FUZZ_CHECK(fd >= 0 && ::ftruncate(fd, kRegionBytes) == 0, "shm_open ", key);
+    ::close(fd);
+    RegionRegistry* r = MakeRegionRegistry(RegionRegistryOptions{}).release();
+    absl::StatusOr<RegionInfo> info = r->RegisterSystem("", "r", key, 0, kRegionBytes);
+    ::shm_unlink(key.c_str());
+    FUZZ_CHECK(info.ok(), info.status().ToString());
+    absl::StatusOr<RegionLease> lease = r->Acquire("", "r");
+    FUZZ_CHECK(lease.ok());
+    for (int64_t i = 0; i < kRegionBytes; ++i) {
+      (*lease)->host_data()[i] = static_cast<std::byte>((i * 131) >> 3);
+    }
+    return r;
+  }();
+  return registry;
+}
+
+int64_t SatMul(int64_t a, int64_t b) {
+  int64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+
+// The byte sizes of q, k, v, o, lse a header implies (saturating; garbage for invalid headers,
+// which is what a careless client would send too).
+std::array<int64_t, 5> ImpliedBytes(const v1::AttendHeader& h) {
+  const int64_t elem = h.dtype() == v1::DTYPE_F32 ? 4 : 2;
+  const int64_t kv_len = h.kv_tokens() > 0 ? h.kv_tokens() : h.tokens();
+  const int64_t q = SatMul(SatMul(SatMul(SatMul(h.batch(), h.tokens()), h.q_heads()), h.head_dim()), elem);
+  const int64_t kv = SatMul(SatMul(SatMul(SatMul(h.batch(), kv_len), h.kv_heads()), h.head_dim()), elem);
+  const int64_t lse = SatMul(SatMul(SatMul(h.batch(), h.q_heads()), h.tokens()), 4);
+  return {q, kv, kv, q, lse};
+}
+
 // What the fuzzer sent, to compare the assembled tensors against.
 struct Shadow {
-  std::array<std::string, 3> bytes;        // q, k, v as sent
+  std::array<std::string, 3> bytes;        // q, k, v as sent (or as the region holds them)
   std::array<std::vector<bool>, 3> seen;  // which bytes were accepted
+  std::array<bool, 3> from_region{};
   bool active = false;
 };
 
@@ -90,21 +139,27 @@ v1::AttendHeader FuzzHeader(FuzzedDataProvider& p) {
   h.set_placement(static_cast<v1::Placement>(p.ConsumeIntegralInRange<int>(-1, 6)));
   h.set_return_lse(p.ConsumeBool());
   if (p.ConsumeBool()) h.set_response_chunk_bytes(fuzz::FuzzInt(p, kMaxChunkBytes * 2));
-  switch (p.ConsumeIntegralInRange<int>(0, 31)) {
-    case 0:
-      h.set_context(p.ConsumeRandomLengthString(8));  // no store: refused
-      break;
-    case 1:
-      h.mutable_q_region()->set_region("r");  // no registry: refused
-      break;
-    case 2:
-      h.mutable_o_region()->set_region("o");
-      break;
-    case 3:
-      h.mutable_lse_region()->set_region("l");
-      break;
-    default:
-      break;
+  if (p.ConsumeIntegralInRange<int>(0, 31) == 0) {
+    h.set_context(p.ConsumeRandomLengthString(8));  // no store: refused
+  }
+  // Region refs: mostly region "r" at a 64-byte multiple with the tensor's exact size.
+  if (p.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    const std::array<int64_t, 5> sizes = ImpliedBytes(h);
+    for (int i = 0; i < 5; ++i) {
+      if (!p.ConsumeBool()) continue;
+      v1::RegionRef* ref = i == 0   ? h.mutable_q_region()
+                           : i == 1 ? h.mutable_k_region()
+                           : i == 2 ? h.mutable_v_region()
+                           : i == 3 ? h.mutable_o_region()
+                                    : h.mutable_lse_region();
+      const int name = p.ConsumeIntegralInRange<int>(0, 15);
+      ref->set_region(name == 0 ? "x" : name == 1 ? "" : "r");
+      ref->set_offset(p.ConsumeIntegralInRange<int>(0, 15) == 0
+                          ? fuzz::FuzzInt(p, kRegionBytes)
+                          : 64 * p.ConsumeIntegralInRange<int64_t>(0, kRegionBytes / 64));
+      ref->set_bytes(p.ConsumeIntegralInRange<int>(0, 15) == 0 ? fuzz::FuzzInt(p, 4096)
+                                                               : sizes[i]);
+    }
   }
   return h;
 }
@@ -139,14 +194,16 @@ v1::AttendRequest FuzzChunk(FuzzedDataProvider& p, const RequestAssembler& a,
   return r;
 }
 
-std::vector<v1::AttendRequest> ParseFramed(FuzzedDataProvider& p) {
+// 2-byte little-endian length, then that many bytes of a serialized AttendRequest; repeated.
+std::vector<v1::AttendRequest> ParseFramed(const uint8_t* data, size_t size) {
   std::vector<v1::AttendRequest> out;
-  while (p.remaining_bytes() >= 2 && out.size() < kMaxMessages) {
-    const uint16_t len = p.ConsumeIntegral<uint16_t>();
-    const std::string bytes = p.ConsumeBytesAsString(len);
+  size_t pos = 0;
+  while (pos + 2 <= size && out.size() < kMaxMessages) {
+    const size_t len = std::min<size_t>(data[pos] | (size_t{data[pos + 1]} << 8), size - pos - 2);
     v1::AttendRequest r;
-    if (!r.ParseFromString(bytes)) continue;  // gRPC would fail the call before the assembler
-    out.push_back(std::move(r));
+    // A message that does not parse would fail the call in gRPC, before the assembler.
+    if (r.ParseFromArray(data + pos + 2, static_cast<int>(len))) out.push_back(std::move(r));
+    pos += 2 + len;
   }
   return out;
 }
@@ -156,6 +213,9 @@ std::vector<v1::AttendRequest> ParseFramed(FuzzedDataProvider& p) {
 bool Feed(RequestAssembler& a, const v1::AttendRequest& r, Shadow& shadow) {
   const int64_t received_before = a.received_bytes();
   const absl::Status s = a.Add(r);
+  // FUZZ_VERBOSE=1: print why each stream ended (to check that seeds go where they should).
+  static const bool verbose = std::getenv("FUZZ_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "%s: %s\n", r.has_header() ? "header" : "chunk", s.ToString().c_str());
   if (!s.ok()) {
     FUZZ_CHECK(!s.message().empty(), "an error without a message");
     FUZZ_CHECK(s.code() != absl::StatusCode::kOk && s.code() != absl::StatusCode::kUnknown &&
@@ -167,7 +227,7 @@ bool Feed(RequestAssembler& a, const v1::AttendRequest& r, Shadow& shadow) {
       const int64_t off = r.chunk().offset();
       const int64_t len = static_cast<int64_t>(r.chunk().data().size());
       // A chunk inside its tensor, within the size limit, is refused only for an overlap.
-      if (t >= 0 && off >= 0 && len <= kMaxChunkBytes &&
+      if (t >= 0 && !shadow.from_region[t] && off >= 0 && len <= kMaxChunkBytes &&
           off <= static_cast<int64_t>(shadow.seen[t].size()) - len) {
         const auto begin = shadow.seen[t].begin() + off;
         FUZZ_CHECK(std::find(begin, begin + len, true) != begin + len,
@@ -189,10 +249,21 @@ bool Feed(RequestAssembler& a, const v1::AttendRequest& r, Shadow& shadow) {
     FUZZ_CHECK(ValidateSpec(a.spec(), sh).ok(), "the header's spec is not valid");
     FUZZ_CHECK(a.response_chunk_bytes() >= 1);
     const int64_t sizes[3] = {q, kv, kv};
+    const v1::AttendHeader& h = r.header();
+    const v1::RegionRef* refs[3] = {&h.q_region(), &h.k_region(), &h.v_region()};
+    const bool has_ref[3] = {h.has_q_region(), h.has_k_region(), h.has_v_region()};
     for (int i = 0; i < 3; ++i) {
       shadow.bytes[i].assign(sizes[i], '\0');
-      shadow.seen[i].assign(sizes[i], false);
+      shadow.seen[i].assign(sizes[i], has_ref[i]);
+      shadow.from_region[i] = has_ref[i];
+      if (!has_ref[i]) continue;
+      FUZZ_CHECK(refs[i]->region() == "r" && refs[i]->offset() + sizes[i] <= kRegionBytes,
+                 "a region ref past the region was accepted");
+      absl::StatusOr<RegionLease> lease = Regions()->Acquire("", "r");
+      std::memcpy(shadow.bytes[i].data(), (*lease)->host_data() + refs[i]->offset(), sizes[i]);
     }
+    FUZZ_CHECK(a.received_bytes() == (has_ref[0] ? q : 0) + (has_ref[1] ? kv : 0) +
+                                         (has_ref[2] ? kv : 0));
     shadow.active = true;
     return true;
   }
@@ -213,16 +284,18 @@ bool Feed(RequestAssembler& a, const v1::AttendRequest& r, Shadow& shadow) {
 }
 
 // One stream; the tensors it assembled are gone when it returns.
-void RunStream(FuzzedDataProvider& p, bool framed, MemoryTracker& tracker) {
+void RunStream(const uint8_t* data, size_t size, bool framed, MemoryTracker& tracker) {
+  FuzzedDataProvider p(data, size);
   {
     AssemblerOptions options;
     options.max_request_bytes = kMaxRequestBytes;
     options.max_chunk_bytes = kMaxChunkBytes;
     options.tracker = &tracker;
+    options.regions = Regions();
     RequestAssembler a(options);
     Shadow shadow;
     std::vector<v1::AttendRequest> stream;
-    if (framed) stream = ParseFramed(p);
+    if (framed) stream = ParseFramed(data, size);
     bool ok = true;
     if (framed) {
       for (const v1::AttendRequest& r : stream) {
@@ -262,9 +335,8 @@ void RunStream(FuzzedDataProvider& p, bool framed, MemoryTracker& tracker) {
 
 void FuzzOne(const uint8_t* data, size_t size) {
   if (size < 1) return;
-  FuzzedDataProvider p(data + 1, size - 1);
   MemoryTracker tracker;
-  RunStream(p, (data[0] & 1) != 0, tracker);
+  RunStream(data + 1, size - 1, (data[0] & 1) != 0, tracker);
   FUZZ_CHECK(tracker.in_use_bytes() == 0, tracker.in_use_bytes(), " tracked bytes leaked");
 }
 

@@ -159,7 +159,19 @@ write(R, "packed", stream(header(extra=packed), chunk(1, 0, q), chunk(2, 0, q[:4
 bs = field(4, field(1, 64) + field(2, field(1, 1)))
 write(R, "block_sparse", stream(header(spec=bs), chunk(1, 0, q), chunk(2, 0, kv), chunk(3, 0, kv)))
 write(R, "context_without_store", stream(header(extra=field(16, b"chat"))))
-write(R, "region_without_registry", stream(header(extra=field(20, field(1, b"r") + field(3, 64)))))
+# Region "r" (the fuzzer registers it, 1 MiB): q read from it, o written to it, and mistakes.
+ref = lambda off, n: field(1, b"r") + field(2, off) + field(3, n)
+write(R, "q_from_region", stream(header(extra=field(20, ref(128, 64))), chunk(2, 0, kv), chunk(3, 0, kv)))
+write(R, "o_to_region", stream(header(extra=field(23, ref(0, 64))), chunk(1, 0, q), chunk(2, 0, kv),
+                               chunk(3, 0, kv)))
+write(R, "o_and_lse_to_region", stream(header(extra=field(10, 1) + field(23, ref(0, 64)) +
+                                              field(24, ref(64, 32))), chunk(1, 0, q),
+                                       chunk(2, 0, kv), chunk(3, 0, kv)))
+write(R, "chunk_for_region_tensor", stream(header(extra=field(20, ref(0, 64))), chunk(1, 0, q)))
+write(R, "region_wrong_size", stream(header(extra=field(20, ref(0, 63)))))
+write(R, "region_unaligned", stream(header(extra=field(20, ref(32, 64)))))
+write(R, "region_past_end", stream(header(extra=field(20, ref(1048576, 64)))))
+write(R, "region_unknown", stream(header(extra=field(20, field(1, b"x") + field(3, 64)))))
 write(R, "lse_region_alone", stream(header(extra=field(24, field(1, b"l")))))
 write(R, "no_message", stream(b""))
 # Structured-mode seeds (even first byte): FuzzedDataProvider reads them from the end.
