@@ -24,6 +24,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +44,10 @@ constexpr int kMaxMessages = 256;
 
 constexpr int64_t kRegionBytes = int64_t{1} << 20;
 
+void FillRegion(std::byte* region) {
+  for (int64_t i = 0; i < kRegionBytes; ++i) region[i] = static_cast<std::byte>((i * 131) >> 3);
+}
+
 // The registry with region "r" (a POSIX shm object of kRegionBytes, filled with a pattern), made
 // once per process; the object is unlinked at once, the mapping stays.
 RegionRegistry* Regions() {
@@ -57,9 +62,7 @@ RegionRegistry* Regions() {
     FUZZ_CHECK(info.ok(), info.status().ToString());
     absl::StatusOr<RegionLease> lease = r->Acquire("", "r");
     FUZZ_CHECK(lease.ok());
-    for (int64_t i = 0; i < kRegionBytes; ++i) {
-      (*lease)->host_data()[i] = static_cast<std::byte>((i * 131) >> 3);
-    }
+    FillRegion((*lease)->host_data());
     return r;
   }();
   return registry;
@@ -283,6 +286,32 @@ bool Feed(RequestAssembler& a, const v1::AttendRequest& r, Shadow& shadow) {
   return true;
 }
 
+// The header named o_region (and maybe lse_region): the views and WriteOutputs land exactly
+// there. The region's pattern is restored afterwards, so that every input sees the same region.
+void CheckOutputRegions(const RequestAssembler& a) {
+  const AttentionShape& sh = a.shape();
+  HostTensor o = *HostTensor::Create(a.dtype(), {sh.batch, sh.tokens, sh.q_heads, sh.head_dim});
+  HostTensor lse = *HostTensor::Create(DType::kF32, {sh.batch, sh.q_heads, sh.tokens});
+  std::memset(o.data(), 0x5a, o.nbytes());
+  std::memset(lse.data(), 0x3c, lse.nbytes());
+  absl::StatusOr<AttentionOutputs> views = a.OutputViews();
+  FUZZ_CHECK(views.ok(), views.status().ToString());
+  const absl::Status written = a.WriteOutputs(o, lse);
+  FUZZ_CHECK(written.ok(), written.ToString());
+  std::byte* region = (*Regions()->Acquire("", "r"))->host_data();
+  const v1::AttendHeader& h = a.header();
+  const std::pair<const v1::RegionRef*, const HostTensor*> outs[2] = {
+      {h.has_o_region() ? &h.o_region() : nullptr, &o},
+      {h.has_lse_region() ? &h.lse_region() : nullptr, &lse}};
+  for (const auto& [ref, t] : outs) {
+    if (ref == nullptr) continue;
+    FUZZ_CHECK(ref->bytes() == t->nbytes() && ref->offset() + ref->bytes() <= kRegionBytes);
+    FUZZ_CHECK(std::memcmp(region + ref->offset(), t->data(), t->nbytes()) == 0,
+               "WriteOutputs did not write the region slice");
+  }
+  FillRegion(region);
+}
+
 // One stream; the tensors it assembled are gone when it returns.
 void RunStream(const uint8_t* data, size_t size, bool framed, MemoryTracker& tracker) {
   FuzzedDataProvider p(data, size);
@@ -330,6 +359,7 @@ void RunStream(const uint8_t* data, size_t size, bool framed, MemoryTracker& tra
                      0,
                  "tensor ", i, " differs from the bytes sent");
     }
+    if (a.outputs_in_regions()) CheckOutputRegions(a);
   }
 }
 
