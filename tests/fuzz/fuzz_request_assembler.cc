@@ -307,7 +307,9 @@ void CheckOutputRegions(const RequestAssembler& a) {
     if (ref == nullptr) continue;
     FUZZ_CHECK(ref->bytes() == t->nbytes() && ref->offset() + ref->bytes() <= kRegionBytes);
     FUZZ_CHECK(std::memcmp(region + ref->offset(), t->data(), t->nbytes()) == 0,
-               "WriteOutputs did not write the region slice");
+               "WriteOutputs did not write the region slice [", ref->offset(), ", +",
+               ref->bytes(), "); o_region at ", h.o_region().offset(), ", lse_region at ",
+               h.lse_region().offset(), " (+", h.lse_region().bytes(), ")");
   }
   FillRegion(region);
 }
