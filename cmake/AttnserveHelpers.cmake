@@ -44,4 +44,10 @@ function(attnserve_cc_test)
   endif()
   add_test(NAME ${A_NAME} COMMAND ${A_NAME})
   set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
+  # Sanitizer builds (cmake/Sanitizers.cmake): the chosen tests get the sanitizer's label and
+  # options.
+  if(A_NAME IN_LIST ATTNSERVE_SANITIZER_TESTS)
+    set_property(TEST ${A_NAME} APPEND PROPERTY LABELS ${ATTNSERVE_SANITIZER_LABEL})
+    set_property(TEST ${A_NAME} PROPERTY ENVIRONMENT ${ATTNSERVE_SANITIZER_ENV})
+  endif()
 endfunction()

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -268,6 +269,28 @@ TEST(RequestAssemblerTest, RegionRefsSupplyTensors) {
   EXPECT_THAT(b.AddHeader(no_lse).message(), HasSubstr("header.lse_region"));
   RequestAssembler c(AssemblerOptions{});
   EXPECT_EQ(c.AddHeader(h).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Outputs need bytes of their own (found by fuzz_request_assembler: lse written over o):
+  // o_region over lse_region or over an input, in the same region, is refused; touching is fine.
+  for (const auto& [o_offset, lse_offset, field] :
+       {std::tuple<int64_t, int64_t, const char*>{8192, 8192, "header.lse_region's"},
+        {8192 - 64, 8192, "header.lse_region's"},
+        {0, 8192, "header.q_region's"},
+        {4096 + 64, 4096, "header.o_region"}}) {
+    v1::AttendHeader overlap = h;
+    overlap.mutable_o_region()->set_offset(o_offset);
+    overlap.mutable_lse_region()->set_offset(lse_offset);
+    RequestAssembler d(AssemblerOptions{.regions = registry.get()});
+    const absl::Status st = d.AddHeader(overlap);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << o_offset << " " << lse_offset;
+    EXPECT_THAT(st.message(), HasSubstr("overlap"));
+    EXPECT_THAT(st.message(), HasSubstr(field));
+    EXPECT_FALSE(d.outputs_in_regions());
+  }
+  v1::AttendHeader touching = h;
+  touching.mutable_lse_region()->set_offset(4096 + q_bytes);  // right after o
+  RequestAssembler e(AssemblerOptions{.regions = registry.get()});
+  EXPECT_TRUE(e.AddHeader(touching).ok());
 }
 
 }  // namespace

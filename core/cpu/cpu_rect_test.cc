@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <ostream>
 #include <set>
 #include <string>
@@ -180,6 +181,30 @@ INSTANTIATE_TEST_SUITE_P(AllCases, CpuRectVsReferenceTest, ::testing::ValuesIn(A
                          [](const ::testing::TestParamInfo<RectCase>& info) {
                            return info.param.name;
                          });
+
+// A dilated branch whose segment and rate are int64's largest, with heads at offsets >= 1 and
+// queries past the first positions (found by fuzz_spec: gathering the set's rows overflowed int64
+// into negative rows, which this run would read and write out of bounds).
+TEST(CpuRectTest, DilatedRateNearInt64MaxMatchesReference) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const AttentionShape shape{1, 4, 4, 2, 16, 12};
+  const Inputs in = RandomInputs(shape, DType::kF32, SeedAndPrint());
+  for (bool causal : {false, true}) {
+    AttentionSpec spec;
+    spec.pattern = DilatedSpec{{kMax, 64}, {kMax, 2}};
+    spec.causal = causal;
+    spec.q_offset = 6;
+    auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    HostTensor o = PoisonedOutput(shape, DType::kF32);
+    HostTensor lse = PoisonedLse(shape);
+    CpuRunOptions options;
+    options.pool = &Pool();
+    options.compile.block_size = kBlock;
+    ASSERT_TRUE(CpuAttentionRectInto(spec, in.q, in.k, in.v, options, o, lse, nullptr).ok());
+    EXPECT_TRUE(MatchesReference(*ref, o, &lse, DType::kF32)) << (causal ? "causal" : "");
+  }
+}
 
 // The allocating entry points dispatch: CpuAttention runs a non-square request as CpuAttentionRect,
 // with no pool and an odd tile for the interval kinds.

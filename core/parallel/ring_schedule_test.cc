@@ -260,8 +260,9 @@ void SimulateTick(const AttentionSpec& spec, const IntervalRule& rule, const Rin
     int64_t acc_row = 0;
     for (const TokenRange& rg : qch.ranges) {
       const int64_t row = LocalRow(plan.split[p], rg.begin);
-      std::copy_n(&r.q[(bi * nl + row) * hq * d], rg.size() * hq * d,
-                  &qc_rows[(bi * tq + acc_row) * hq * d]);
+      // data() + offset, not &v[offset]: a chunk may hold no rows (an empty qc_rows).
+      std::copy_n(r.q.data() + (bi * nl + row) * hq * d, rg.size() * hq * d,
+                  qc_rows.data() + (bi * tq + acc_row) * hq * d);
       acc_row += rg.size();
     }
   }

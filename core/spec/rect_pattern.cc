@@ -138,7 +138,14 @@ DilatedSpanGroup BuildDilatedSpanGroup(const QuerySpan& span, int64_t w, int64_t
     for (int64_t t = lo / w; t <= (hi - 1) / w; ++t) {
       const int64_t first = t * w + o;
       const int64_t end = std::min(hi, (hi - t * w > w) ? t * w + w : hi);
-      int64_t x = first >= lo ? first : first + CeilDiv(lo - first, r) * r;
+      int64_t x = first;
+      if (first < lo) {
+        // Skip to the first set position at or after lo, unless it lies at or past `end`, where
+        // first + steps * r may not fit in int64 (o >= 1 and r near 2^63).
+        const int64_t steps = CeilDiv(lo - first, r);
+        if (steps > (end - 1 - first) / r) continue;
+        x = first + steps * r;
+      }
       for (; x < end; x = end - x > r ? x + r : end) out.push_back(x);
     }
   };

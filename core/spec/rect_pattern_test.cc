@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -152,6 +153,23 @@ TEST(DilatedSpanGroupTest, GatheredPairsFollowThePositionRule) {
           for (int64_t x : g.q_rows) EXPECT_TRUE(in_set(span.q_pos + x));
         }
       }
+    }
+  }
+}
+
+// Found by fuzz_spec: with a rate near 2^63 and an offset >= 1, the set position after the
+// segment's first lies past int64, and skipping to it overflowed (negative rows came out).
+TEST(DilatedSpanGroupTest, HugeRateWithAnOffsetGathersNoPositionPastInt64) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const auto& [w, r] : {std::pair<int64_t, int64_t>{kMax, kMax}, {kMax, kMax - 1}}) {
+    for (int64_t o : {int64_t{1}, int64_t{3}}) {
+      // Queries at positions 2..9: in the set only at o (the next one, o + r, is past int64).
+      const QuerySpan span{0, 8, 2, 0, 12};
+      const DilatedSpanGroup g = BuildDilatedSpanGroup(span, w, r, o);
+      const std::vector<int64_t> want_q =
+          o >= span.q_pos ? std::vector<int64_t>{o - span.q_pos} : std::vector<int64_t>{};
+      EXPECT_EQ(g.q_rows, want_q) << "r = " << r << ", o = " << o;
+      if (!want_q.empty()) EXPECT_EQ(g.k_rows, std::vector<int64_t>{o});
     }
   }
 }
