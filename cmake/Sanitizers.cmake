@@ -52,11 +52,11 @@ endif()
 # out: building attnserve and attnctl instrumented costs more CI time than the in-process service
 # tests, which run the same handlers.
 set(_asan_tests
-  check_test flag_names_test thread_pool_test tensor_test spec_test reference_test
+  check_test flag_names_test thread_pool_test log_safe_test tensor_test spec_test reference_test
   cpu_backend_test cpu_rect_test cpu_merge_test
   parallel_communicator_test parallel_ring_test parallel_planner_test parallel_data_parallel_test
   parallel_context_parallel_test parallel_ring_cuda_plan_test parallel_dilated_ring_test
-  wire_test server_unit_test context_store_test region_registry_test service_test
+  wire_test server_unit_test auth_test context_store_test region_registry_test service_test
   sharded_context_test attn_client_test attnctl_flags_test attnctl_output_test)
 # TSan: what runs our threads against each other: the thread pool, the scheduler and its lanes
 # (with the request assembler), the context store, the CPU communicator and rings. Not the gRPC
@@ -66,7 +66,7 @@ set(_asan_tests
 # races inside gRPC and on every object that crosses such a handoff (our frames included), which
 # no suppression can separate from real ones. Those tests need a gRPC built with -fsanitize=thread.
 set(_tsan_tests
-  thread_pool_test server_unit_test context_store_test parallel_communicator_test
+  thread_pool_test server_unit_test auth_test context_store_test parallel_communicator_test
   parallel_ring_test)
 
 set(_dir ${PROJECT_SOURCE_DIR}/tests/sanitizers)
