@@ -71,33 +71,6 @@ int TensorIndex(v1::TensorKind kind) {
 
 constexpr absl::string_view kTensorNames[3] = {"q", "k", "v"};
 
-// INVALID_ARGUMENT when o_region or lse_region shares a byte with another ref of the header in
-// the same region. The refs were resolved, so each range lies inside its region (no overflow).
-absl::Status CheckOutputsDisjoint(const v1::AttendHeader& h) {
-  const std::pair<const char*, const v1::RegionRef*> refs[5] = {
-      {"o_region", h.has_o_region() ? &h.o_region() : nullptr},
-      {"lse_region", h.has_lse_region() ? &h.lse_region() : nullptr},
-      {"q_region", h.has_q_region() ? &h.q_region() : nullptr},
-      {"k_region", h.has_k_region() ? &h.k_region() : nullptr},
-      {"v_region", h.has_v_region() ? &h.v_region() : nullptr}};
-  for (int out = 0; out < 2; ++out) {
-    const v1::RegionRef* a = refs[out].second;
-    if (a == nullptr) continue;
-    for (int other = out + 1; other < 5; ++other) {
-      const v1::RegionRef* b = refs[other].second;
-      if (b == nullptr || b->region() != a->region() || a->bytes() == 0 || b->bytes() == 0 ||
-          a->offset() >= b->offset() + b->bytes() || b->offset() >= a->offset() + a->bytes()) {
-        continue;
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "header.", refs[out].first, ": bytes [", a->offset(), ", ", a->offset() + a->bytes(),
-          ") of region '", a->region(), "' overlap header.", refs[other].first, "'s [",
-          b->offset(), ", ", b->offset() + b->bytes(), "); outputs need bytes of their own"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 bool ByteRangeSet::Insert(int64_t start, int64_t end, std::pair<int64_t, int64_t>* overlap) {
@@ -344,7 +317,7 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
   }
   // An output written over another output, or over an input the run is still reading, would
   // leave garbage in both (found by fuzz_request_assembler: o_region and lse_region at one offset).
-  if (absl::Status s = CheckOutputsDisjoint(header); !s.ok()) {
+  if (absl::Status s = CheckOutputRefsDisjoint(header); !s.ok()) {
     o_slice_.reset();
     lse_slice_.reset();
     return s;

@@ -62,4 +62,29 @@ absl::Status WriteToSlice(const RegionSlice& slice, const HostTensor& t) {
   return slice.lease->CopyIn(slice.offset, t.data(), slice.bytes);
 }
 
+absl::Status CheckOutputRefsDisjoint(const v1::AttendHeader& h) {
+  const std::pair<const char*, const v1::RegionRef*> refs[5] = {
+      {"o_region", h.has_o_region() ? &h.o_region() : nullptr},
+      {"lse_region", h.has_lse_region() ? &h.lse_region() : nullptr},
+      {"q_region", h.has_q_region() ? &h.q_region() : nullptr},
+      {"k_region", h.has_k_region() ? &h.k_region() : nullptr},
+      {"v_region", h.has_v_region() ? &h.v_region() : nullptr}};
+  for (int out = 0; out < 2; ++out) {
+    const v1::RegionRef* a = refs[out].second;
+    if (a == nullptr) continue;
+    for (int other = out + 1; other < 5; ++other) {
+      const v1::RegionRef* b = refs[other].second;
+      if (b == nullptr || b->region() != a->region() || a->bytes() == 0 || b->bytes() == 0 ||
+          a->offset() >= b->offset() + b->bytes() || b->offset() >= a->offset() + a->bytes()) {
+        continue;
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.", refs[out].first, ": bytes [", a->offset(), ", ", a->offset() + a->bytes(),
+          ") of region '", a->region(), "' overlap header.", refs[other].first, "'s [",
+          b->offset(), ", ", b->offset() + b->bytes(), "); outputs need bytes of their own"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace attnserve

@@ -41,6 +41,12 @@ absl::StatusOr<HostTensor> TensorFromSlice(const RegionSlice& slice, DType dtype
 // Copies `t` (exactly slice.bytes bytes) into the slice: memcpy, or cudaMemcpy for CUDA IPC.
 absl::Status WriteToSlice(const RegionSlice& slice, const HostTensor& t);
 
+// INVALID_ARGUMENT naming both fields when header.o_region or header.lse_region shares a byte
+// with another ref of the header in the same region (an output written over another output, or
+// over an input the run still reads). Call after the refs were resolved: each range then lies
+// inside its region, so the sums cannot overflow.
+absl::Status CheckOutputRefsDisjoint(const v1::AttendHeader& header);
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_SERVER_REGIONS_REGION_REFS_H_
