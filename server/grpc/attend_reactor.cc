@@ -527,6 +527,7 @@ class AttentionServiceImpl::AttendReactor final
     e.Seconds("compute", compute_seconds_).Seconds("copy", copy_seconds_);
     e.Seconds("kernel", kernel_seconds_).Seconds("total", total);
     e.Str("devices", devices_.empty() ? "-" : absl::StrJoin(devices_, ","));
+    if (caller_.ok() && !(*caller_)->name().empty()) e.Str("principal", (*caller_)->name(), 128);
     if (!status.ok()) e.Str("error", status.error_message(), 1024);
     e.Log(status.ok() ? spdlog::level::info : spdlog::level::warn);
   }

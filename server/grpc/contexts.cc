@@ -183,6 +183,7 @@ class AttentionServiceImpl::AppendReactor final
     }
     LogEvent e("append_context");
     e.Str("context", name_.empty() ? "-" : name_, 128);
+    if (caller_ != nullptr && !caller_->name().empty()) e.Str("principal", caller_->name(), 128);
     e.Custom("code", GrpcCodeName(ToGrpcStatus(status).error_code()), "code",
              JsonQuote(GrpcCodeName(ToGrpcStatus(status).error_code())));
     e.Int("rows", tokens_).Int("bytes_in", received_bytes_);
