@@ -229,6 +229,17 @@ def check_docker(rep, repo):
                     continue
                 if not (repo / src).exists() and src not in ("server", "client", "bench", "tests"):
                     problems.append("%s: COPY source %s does not exist" % (rel, src))
+        # The attnserve images build the repo's CMake project: every folder the top-level
+        # CMakeLists.txt adds must be copied into the build stage.
+        if rel in ("docker/Dockerfile.cpu", "docker/Dockerfile.gpu"):
+            top = (repo / "CMakeLists.txt").read_text(encoding="utf-8")
+            copied = set()
+            for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", text, re.M):
+                copied.update(m.group(1).split()[:-1])
+            for sub in re.findall(r"^\s*add_subdirectory\((\w+)\)", top, re.M):
+                if sub not in copied:
+                    problems.append("%s: the build stage does not COPY %s/ (CMakeLists.txt adds it)"
+                                    % (rel, sub))
         if re.search(r"^#\s*syntax=", text, re.M):
             problems.append("%s: a # syntax= line makes BuildKit pull a frontend image from a registry" % rel)
     rep.check("docker: Dockerfiles", problems)
