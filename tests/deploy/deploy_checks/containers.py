@@ -245,7 +245,8 @@ def check_docker(rep, repo):
     rep.check("docker: Dockerfiles", problems)
 
     problems = []
-    for rel in ("scripts/build-base-image", "docker/runtime-deps.sh", "tests/deploy/docker_smoke.sh"):
+    for rel in ("scripts/build-base-image", "docker/runtime-deps.sh", "tests/deploy/docker_smoke.sh",
+                "tests/deploy/secure_compose_smoke.sh"):
         f = repo / rel
         if not f.is_file():
             problems.append("%s missing" % rel)
