@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "attnserve/v1/attnserve.grpc.pb.h"
 #include "bench/harness/flags.h"
 #include "bench/harness/run_record.h"
+#include "client/client_security.h"
 #include "core/util/json.h"
 #include "core/util/status_macros.h"
 
@@ -42,6 +44,11 @@ ABSL_FLAG(std::vector<std::string>, q_lens, std::vector<std::string>({"1", "4", 
           "decode: query rows per step");
 ABSL_FLAG(int, steps, 20, "decode: timed steps per query count (after 3 untimed)");
 ABSL_FLAG(std::string, json_out, "", "write the figures here as JSON");
+ABSL_FLAG(std::string, ca_cert, "", "TLS: the CA of the server's certificate (enables TLS)");
+ABSL_FLAG(std::string, client_cert, "", "mutual TLS: this client's certificate (PEM)");
+ABSL_FLAG(std::string, client_key, "", "mutual TLS: this client's key (PEM)");
+ABSL_FLAG(std::string, token_file, "",
+          "bearer token for a server with --token-file (else ATTNSERVE_TOKEN, else none)");
 
 namespace attnserve {
 namespace {
@@ -139,8 +146,21 @@ absl::Status Run() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server),
-                                           grpc::InsecureChannelCredentials(), args);
+  // Plaintext, or TLS (mutual with a client certificate) and a bearer token, as attnctl.
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::GetFlag(FLAGS_ca_cert).empty()) {
+    client::TlsFiles files{absl::GetFlag(FLAGS_ca_cert), absl::GetFlag(FLAGS_client_cert),
+                           absl::GetFlag(FLAGS_client_key)};
+    ATTN_ASSIGN_OR_RETURN(credentials, client::TlsCredentialsFromFiles(files, "--"));
+  }
+  ATTN_ASSIGN_OR_RETURN(const std::string token,
+                        client::TokenFromFileOrEnv(absl::GetFlag(FLAGS_token_file)));
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!token.empty()) {
+    interceptors.push_back(std::make_unique<client::BearerTokenInterceptorFactory>(token));
+  }
+  auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      absl::GetFlag(FLAGS_server), credentials, args, std::move(interceptors));
   auto stub = v1::AttentionService::NewStub(channel);
   const int64_t n = absl::GetFlag(FLAGS_context_tokens), rows = absl::GetFlag(FLAGS_append_rows);
   const int64_t hq = absl::GetFlag(FLAGS_q_heads), hkv = absl::GetFlag(FLAGS_kv_heads),
