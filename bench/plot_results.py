@@ -162,7 +162,7 @@ def context_label(tokens):
 
 
 def chart_decode_compare(results, out):
-    rel = "h200-2026-11-25-decode/run3/decode_compare.json"
+    rel = "h200-2026-11-25-decode/run4-wgmma/decode_compare.json"
     doc = load(results, rel)
     cases = doc["cases"]
     labels = [f"context {context_label(c['context_tokens'])}\nNq={c['q_len']}" for c in cases]

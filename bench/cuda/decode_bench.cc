@@ -167,6 +167,21 @@ absl::Status Run() {
                               return split->Run(q.get(), k.get(), v.get(), o1.get(),
                                                 lse.as<float>(), stream, nullptr, &ran);
                             }));
+      // Where the automatic choice ran the wgmma kernel: the mma.sync kernel on the same step, for
+      // the side-by-side figure.
+      double sm80_s = 0;
+      if (ran == FlashKernel::kSplitKvDecodeSm90) {
+        CudaAttentionPlan::Options sm80_opts;
+        sm80_opts.kernel.arch = FlashKernelArch::kSm80;
+        ATTN_ASSIGN_OR_RETURN(auto sm80, CudaAttentionPlan::Create(spec, shape, dt, alloc, stream,
+                                                                   nullptr, sm80_opts));
+        ATTN_ASSIGN_OR_RETURN(sm80_s, TimeIt(iters, stream, [&] {
+                                return sm80->Run(q.get(), k.get(), v.get(), o2.get(),
+                                                 lse.as<float>(), stream);
+                              }));
+        std::printf("    Nq %lld, the mma.sync decode kernel: %.3f ms (%.2fx the bandwidth time)\n",
+                    static_cast<long long>(nq), sm80_s * 1e3, sm80_s / bw_time);
+      }
       Json sweep = Json::Array();
       if (!absl::GetFlag(FLAGS_splits_sweep).empty()) {
         ATTN_ASSIGN_OR_RETURN(const std::vector<int64_t> counts,
@@ -215,6 +230,7 @@ absl::Status Run() {
           .Set("kernel", std::string(FlashKernelName(ran)))
           .Set("kernel_ms", split_s * 1e3)
           .Set("kernel_over_bandwidth", split_s / bw_time)
+          .Set("decode_sm80_kernel_ms", sm80_s * 1e3)
           .Set("prefill_kernel", std::string(FlashKernelName(flash_ran)))
           .Set("prefill_kernel_ms", flash_s * 1e3)
           .Set("o_max_rel_diff_vs_prefill", rel)

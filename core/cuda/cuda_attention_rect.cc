@@ -90,9 +90,10 @@ FlashDecodeProblem DecodeProblem(const CudaAttentionPlan::Rect::Piece& p,
 // One split-KV decode piece: q/k/v/o/lse are the request's tensors (o: the output, or the f32
 // accumulator when `o_f32`); the split workspace comes from `alloc`.
 absl::Status RunDecodePiece(const CudaAttentionPlan::Rect::Piece& p, const AttentionShape& shape,
-                            DType dtype, float scale, bool o_f32, int forced_splits,
-                            CachingAllocator& alloc, const void* q, const void* k, const void* v,
-                            void* o, float* lse, cudaStream_t stream) {
+                            DType dtype, float scale, bool o_f32,
+                            const FlashKernelOptions& options, CachingAllocator& alloc,
+                            const void* q, const void* k, const void* v, void* o, float* lse,
+                            cudaStream_t stream, FlashKernel* ran) {
   const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
   const int64_t o_es = o_f32 ? 4 : es;
@@ -105,7 +106,8 @@ absl::Status RunDecodePiece(const CudaAttentionPlan::Rect::Piece& p, const Atten
   problem.o_f32 = o_f32;
   FlashDecodeParams params = BuildFlashDecodeParams(problem);
   if (FlashDecodeEmpty(params)) return absl::OkStatus();  // O = 0, LSE = -inf from the fill
-  ATTN_RETURN_IF_ERROR(PlanFlashDecodeSplits(&params, forced_splits));
+  ATTN_RETURN_IF_ERROR(PlanFlashDecodeSplits(&params, options.decode_splits, options.arch));
+  *ran = params.wgmma ? FlashKernel::kSplitKvDecodeSm90 : FlashKernel::kSplitKvDecode;
   DeviceBuffer partial;
   if (const int64_t bytes = FlashDecodeWorkspaceBytes(params); bytes > 0) {
     ATTN_ASSIGN_OR_RETURN(partial, DeviceBuffer::Create(alloc, static_cast<size_t>(bytes)));
@@ -253,10 +255,11 @@ absl::Status CudaAttentionPlan::RunRect(const void* q, const void* k, const void
   for (const Rect::Piece& p : rect_->pieces) {
     if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
     if (p.decode) {
+      FlashKernel ran = FlashKernel::kSplitKvDecode;
       ATTN_RETURN_IF_ERROR(RunDecodePiece(p, shape_, compute_dtype_, scale_, rect_->accumulate,
-                                          kernel_options_.decode_splits, *alloc_, q, k, v, o_base,
-                                          lse, stream));
-      if (kernel != nullptr) *kernel = FlashKernel::kSplitKvDecode;
+                                          kernel_options_, *alloc_, q, k, v, o_base, lse, stream,
+                                          &ran));
+      if (kernel != nullptr) *kernel = ran;
       continue;
     }
     FlashFwdTensors t;

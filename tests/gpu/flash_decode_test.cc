@@ -10,8 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_device.h"
+#include "core/cuda/cuda_options.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
@@ -100,7 +103,7 @@ std::vector<Case> Cases() {
 }
 
 void ExpectMatches(Device& device, const Case& c, DType dtype, uint64_t seed,
-                   HostTensor* o_out = nullptr) {
+                   HostTensor* o_out = nullptr, std::string* kernel = nullptr) {
   ASSERT_TRUE(ValidateSpec(c.spec, c.shape).ok()) << ValidateSpec(c.spec, c.shape);
   const QkvInputs in = MakeRandomInputs(c.shape, dtype, seed);
   auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
@@ -116,25 +119,67 @@ void ExpectMatches(Device& device, const Case& c, DType dtype, uint64_t seed,
   EXPECT_LE(e.o_rel, dtype == DType::kF16 ? 4e-3 : 1e-2);
   EXPECT_LE(e.lse_max_abs, dtype == DType::kF32 ? 3e-2 : 2e-3);
   if (o_out != nullptr) *o_out = std::move(out.o);
+  if (kernel != nullptr) *kernel = info.kernel;
 }
 
+// The decode kernels this device can run: the mma.sync one everywhere, the wgmma one on a 9.x
+// device of a build with sm_90a.
+std::vector<FlashKernelArch> DecodeArchs() {
+  std::vector<FlashKernelArch> archs = {FlashKernelArch::kSm80};
+  if (FlashFwdSm90Built() && CurrentDeviceIsSm90()) archs.push_back(FlashKernelArch::kSm90);
+  return archs;
+}
+
+// Every case on each decode kernel (the mma.sync kernel; the wgmma kernel on Hopper, also for the
+// row counts the automatic choice leaves to mma.sync), forced split counts and the automatic one.
 TEST(FlashDecodeTest, EveryCaseAndSplitCountMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  for (int splits : {0, 1, 2, 7}) {
-    CudaOptions options;
-    options.flash.decode_splits = splits;
-    auto made = MakeCudaDevices({0}, options);
-    ASSERT_TRUE(made.ok()) << made.status();
-    Device& device = *(*made)[0];
-    for (const Case& c : Cases()) {
-      for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
-        if (splits != 0 && dtype == DType::kF32) continue;  // f32 runs the bf16 kernel
-        const uint64_t seed = FreshSeed();
-        SCOPED_TRACE(absl::StrCat(c.name, " ", std::string(DTypeName(dtype)), " splits=", splits,
-                                  " seed=", seed));
-        ExpectMatches(device, c, dtype, seed);
+  for (FlashKernelArch arch : DecodeArchs()) {
+    for (int splits : {0, 1, 2, 7}) {
+      CudaOptions options;
+      options.flash.decode_splits = splits;
+      options.flash.arch = arch;
+      auto made = MakeCudaDevices({0}, options);
+      ASSERT_TRUE(made.ok()) << made.status();
+      Device& device = *(*made)[0];
+      for (const Case& c : Cases()) {
+        for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+          if (splits != 0 && dtype == DType::kF32) continue;  // f32 runs the bf16 kernel
+          const uint64_t seed = FreshSeed();
+          SCOPED_TRACE(absl::StrCat(c.name, " ", std::string(DTypeName(dtype)),
+                                    " arch=", std::string(FlashKernelArchName(arch)), " splits=", splits,
+                                    " seed=", seed));
+          std::string kernel;
+          ExpectMatches(device, c, dtype, seed, nullptr, &kernel);
+          // The 64-row decode step runs the kernel the arch names.
+          if (absl::StrContains(c.name, "nq16_gqa4") && absl::StrContains(c.name, "_end")) {
+            EXPECT_EQ(kernel, arch == FlashKernelArch::kSm90 ? "decode_sm90" : "decode");
+          }
+        }
       }
     }
+  }
+}
+
+// The automatic choice on Hopper: the wgmma kernel for 64 packed rows, mma.sync for 16.
+TEST(FlashDecodeTest, AutoPicksTheWgmmaKernelForManyRowsOnHopper) {
+  SKIP_WITHOUT_GPU();
+  if (!(FlashFwdSm90Built() && CurrentDeviceIsSm90())) {
+    GTEST_SKIP() << "the wgmma decode kernel needs a 9.x device and an sm_90a build";
+  }
+  auto made = MakeCudaDevices({0});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const struct {
+    int64_t nq;
+    const char* want;
+  } steps[] = {{16, "decode_sm90"}, {4, "decode"}};
+  for (const auto& step : steps) {
+    const Case c{"auto", SpecAt(DenseSpec{}, true, 9000 - step.nq), {1, step.nq, 32, 8, 128, 9000}};
+    const uint64_t seed = FreshSeed();
+    SCOPED_TRACE(absl::StrCat("nq=", step.nq, " seed=", seed));
+    std::string kernel;
+    ExpectMatches(*(*made)[0], c, DType::kBF16, seed, nullptr, &kernel);
+    EXPECT_EQ(kernel, step.want);
   }
 }
 

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/flash_decode/flash_decode_launch.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
+#include "core/util/status_macros.h"
 
 namespace attnserve {
 namespace {
@@ -42,11 +44,11 @@ cudaError_t CtasPerSm(const FlashDecodeParams& p, int* ctas) {
   const int rows = p.q_len * p.kv_group;
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.head_dim == 64) {
-    return bf16 ? FlashDecodeCtasPerSm<64, __nv_bfloat16>(rows, ctas)
-                : FlashDecodeCtasPerSm<64, __half>(rows, ctas);
+    return bf16 ? FlashDecodeCtasPerSm<64, __nv_bfloat16>(rows, p.wgmma, ctas)
+                : FlashDecodeCtasPerSm<64, __half>(rows, p.wgmma, ctas);
   }
-  return bf16 ? FlashDecodeCtasPerSm<128, __nv_bfloat16>(rows, ctas)
-              : FlashDecodeCtasPerSm<128, __half>(rows, ctas);
+  return bf16 ? FlashDecodeCtasPerSm<128, __nv_bfloat16>(rows, p.wgmma, ctas)
+              : FlashDecodeCtasPerSm<128, __half>(rows, p.wgmma, ctas);
 }
 
 // (split, batch, KV head, packed row) slots of the partial results.
@@ -137,7 +139,30 @@ int64_t FlashDecodeAdmittedPairs(const FlashDecodeParams& p) {
   return pairs;
 }
 
-absl::Status PlanFlashDecodeSplits(FlashDecodeParams* p, int forced_splits) {
+absl::Status ChooseFlashDecodeKernel(FlashDecodeParams* p, FlashKernelArch arch) {
+  const bool can_wgmma = FlashFwdSm90Built() && CurrentDeviceIsSm90();
+  switch (arch) {
+    case FlashKernelArch::kSm80:
+      p->wgmma = false;
+      break;
+    case FlashKernelArch::kSm90:
+      if (!can_wgmma) {
+        return absl::UnimplementedError(absl::StrCat(
+            "flash_decode: the sm90 (wgmma) decode kernel needs ",
+            FlashFwdSm90Built() ? "a compute capability 9.x device"
+                                : "a build with sm_90a (CMAKE_CUDA_ARCHITECTURES lacks 90a)"));
+      }
+      p->wgmma = true;
+      break;
+    case FlashKernelArch::kAuto:
+      p->wgmma = can_wgmma && int64_t{p->q_len} * p->kv_group > kFlashDecodeWgmmaMinRows;
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanFlashDecodeSplits(FlashDecodeParams* p, int forced_splits, FlashKernelArch arch) {
+  ATTN_RETURN_IF_ERROR(ChooseFlashDecodeKernel(p, arch));
   const int64_t tiles = NumBlocks(std::max<int64_t>(p->key_end - p->key_begin, 1), kTileKeys);
   const int64_t units = int64_t{p->batch} * p->kv_heads;
   int64_t splits;
@@ -148,9 +173,11 @@ absl::Status PlanFlashDecodeSplits(FlashDecodeParams* p, int forced_splits) {
     CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     // Occupancy per (head dim, row tiles, dtype) of this process's GPUs (one model per host).
-    static std::atomic<int> cache[2][3][2] = {};
+    // The wgmma kernel has one row tile (index 3).
+    static std::atomic<int> cache[2][4][2] = {};
     std::atomic<int>& slot =
-        cache[HeadDimIndex(p->head_dim)][RowTileIndex(int64_t{p->q_len} * p->kv_group)]
+        cache[HeadDimIndex(p->head_dim)]
+             [p->wgmma ? 3 : RowTileIndex(int64_t{p->q_len} * p->kv_group)]
              [p->dtype == DType::kBF16 ? 0 : 1];
     ctas = slot.load(std::memory_order_relaxed);
     if (ctas == 0) {

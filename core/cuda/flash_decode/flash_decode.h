@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/cuda/cuda_options.h"
 #include "core/cuda/flash_decode/flash_decode_params.h"
 #include "core/cuda/flash_fwd/flash_fwd_params_builder.h"
 #include "core/tensor/dtype.h"
@@ -44,10 +45,23 @@ int64_t FlashDecodeAdmittedPairs(const FlashDecodeParams& params);
 // True when no query row admits any key (nothing to launch: O = 0, LSE = -inf).
 inline bool FlashDecodeEmpty(const FlashDecodeParams& p) { return p.key_end <= p.key_begin; }
 
-// Chooses num_splits and split_keys for the current device: enough CTAs to fill every SM once
-// (the occupancy of the kernel the rows select), every split at least kMinSplitTiles key tiles.
-// `forced_splits` > 0 asks for that many (tests; capped by the key tiles).
-absl::Status PlanFlashDecodeSplits(FlashDecodeParams* params, int forced_splits = 0);
+// Packed rows per KV head above which kAuto picks the wgmma kernel on Hopper: with 64 rows the
+// mma.sync kernel's four warps are issue-bound (1.28x the bandwidth time at 128K keys on an H200,
+// bench/results/h200-2026-11-25-decode/tuning.md); with up to 32 it streams at the bandwidth.
+inline constexpr int64_t kFlashDecodeWgmmaMinRows = 32;
+
+// Sets params->wgmma, the split kernel for the current device:
+//   kAuto: the wgmma kernel for more than kFlashDecodeWgmmaMinRows packed rows where the build has
+//          sm_90a and the device is 9.x, else the mma.sync kernel;
+//   kSm80: the mma.sync kernel;  kSm90: the wgmma kernel, UNIMPLEMENTED where it cannot run.
+absl::Status ChooseFlashDecodeKernel(FlashDecodeParams* params, FlashKernelArch arch);
+
+// Chooses the split kernel (ChooseFlashDecodeKernel) and num_splits and split_keys for the
+// current device: enough CTAs to fill every SM once (the occupancy of that kernel), every split at
+// least kMinSplitTiles key tiles. `forced_splits` > 0 asks for that many (tests; capped by the key
+// tiles).
+absl::Status PlanFlashDecodeSplits(FlashDecodeParams* params, int forced_splits = 0,
+                                   FlashKernelArch arch = FlashKernelArch::kAuto);
 
 // Bytes of o_partial plus lse_partial for params' splits (0 with one split).
 int64_t FlashDecodeWorkspaceBytes(const FlashDecodeParams& params);

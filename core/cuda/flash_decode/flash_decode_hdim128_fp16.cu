@@ -3,5 +3,5 @@
 
 namespace attnserve {
 template cudaError_t RunFlashDecodeKernels<128, __half>(const FlashDecodeParams&, cudaStream_t);
-template cudaError_t FlashDecodeCtasPerSm<128, __half>(int, int*);
+template cudaError_t FlashDecodeCtasPerSm<128, __half>(int, bool, int*);
 }  // namespace attnserve

@@ -4,5 +4,5 @@
 namespace attnserve {
 template cudaError_t RunFlashDecodeKernels<64, __nv_bfloat16>(const FlashDecodeParams&,
                                                               cudaStream_t);
-template cudaError_t FlashDecodeCtasPerSm<64, __nv_bfloat16>(int, int*);
+template cudaError_t FlashDecodeCtasPerSm<64, __nv_bfloat16>(int, bool, int*);
 }  // namespace attnserve

@@ -3,5 +3,5 @@
 
 namespace attnserve {
 template cudaError_t RunFlashDecodeKernels<64, __half>(const FlashDecodeParams&, cudaStream_t);
-template cudaError_t FlashDecodeCtasPerSm<64, __half>(int, int*);
+template cudaError_t FlashDecodeCtasPerSm<64, __half>(int, bool, int*);
 }  // namespace attnserve

@@ -15,25 +15,38 @@ namespace attnserve {
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashDecodeKernels(const FlashDecodeParams& params, cudaStream_t stream);
 
-// CTAs of the split kernel for `rows` packed rows that fit on one SM of the current device.
+// CTAs of the split kernel for `rows` packed rows (the wgmma kernel when `wgmma`) that fit on one
+// SM of the current device.
 template <int kHeadDim, typename Elem>
-cudaError_t FlashDecodeCtasPerSm(int rows, int* ctas);
+cudaError_t FlashDecodeCtasPerSm(int rows, bool wgmma, int* ctas);
 
 }  // namespace attnserve
 
 #ifdef __CUDACC__
 #include "core/cuda/flash_decode/flash_decode_kernel.cuh"
+#include "core/cuda/flash_decode/flash_decode_sm90_kernel.cuh"
 
 namespace attnserve {
 namespace flash_decode {
 
+// The split kernel of a traits type: the mma.sync kernel for FlashDecodeTraits, the wgmma one for
+// FlashDecodeSm90Traits.
+template <typename Traits>
+struct SplitKernel {
+  static constexpr auto kFn = &FlashDecodeKernel<Traits>;
+};
+template <int kHeadDim, typename Elem>
+struct SplitKernel<FlashDecodeSm90Traits<kHeadDim, Elem>> {
+  static constexpr auto kFn = &FlashDecodeSm90Kernel<FlashDecodeSm90Traits<kHeadDim, Elem>>;
+};
+
 template <typename Traits>
 cudaError_t PrepareKernel() {
-  auto kernel = &FlashDecodeKernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   // Above 48 KB the dynamic shared memory limit has to be raised per kernel (idempotent, cheap).
   if constexpr (kSmem > 48 * 1024) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return cudaFuncSetAttribute(SplitKernel<Traits>::kFn,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   }
   return cudaSuccess;
 }
@@ -45,7 +58,7 @@ cudaError_t Launch(const FlashDecodeParams& p, cudaStream_t stream) {
   // grid: (splits, KV heads, batch); gridDim.y/z are limited to 65535 (checked by the dispatch).
   const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.kv_heads),
                   static_cast<unsigned>(p.batch));
-  FlashDecodeKernel<Traits><<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p);
+  SplitKernel<Traits>::kFn<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
   const dim3 combine_grid(static_cast<unsigned>(p.q_len * p.kv_group),
@@ -60,7 +73,7 @@ template <typename Traits>
 cudaError_t Occupancy(int* ctas) {
   cudaError_t err = PrepareKernel<Traits>();
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, &FlashDecodeKernel<Traits>,
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, SplitKernel<Traits>::kFn,
                                                        Traits::kNThreads, Traits::kSmemBytes);
 }
 
@@ -68,6 +81,7 @@ cudaError_t Occupancy(int* ctas) {
 
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashDecodeKernels(const FlashDecodeParams& p, cudaStream_t stream) {
+  if (p.wgmma) return flash_decode::Launch<FlashDecodeSm90Traits<kHeadDim, Elem>>(p, stream);
   const int rows = p.q_len * p.kv_group;
   if (rows <= 16) return flash_decode::Launch<FlashDecodeTraits<kHeadDim, Elem, 1>>(p, stream);
   if (rows <= 32) return flash_decode::Launch<FlashDecodeTraits<kHeadDim, Elem, 2>>(p, stream);
@@ -75,7 +89,8 @@ cudaError_t RunFlashDecodeKernels(const FlashDecodeParams& p, cudaStream_t strea
 }
 
 template <int kHeadDim, typename Elem>
-cudaError_t FlashDecodeCtasPerSm(int rows, int* ctas) {
+cudaError_t FlashDecodeCtasPerSm(int rows, bool wgmma, int* ctas) {
+  if (wgmma) return flash_decode::Occupancy<FlashDecodeSm90Traits<kHeadDim, Elem>>(ctas);
   if (rows <= 16) return flash_decode::Occupancy<FlashDecodeTraits<kHeadDim, Elem, 1>>(ctas);
   if (rows <= 32) return flash_decode::Occupancy<FlashDecodeTraits<kHeadDim, Elem, 2>>(ctas);
   return flash_decode::Occupancy<FlashDecodeTraits<kHeadDim, Elem, 4>>(ctas);

@@ -64,6 +64,10 @@ struct FlashDecodeParams {
   int32_t num_splits = 1;
   int64_t split_keys = 0;
 
+  // Which split kernel runs (PlanFlashDecodeSplits): false the mma.sync kernel (any sm_80+),
+  // true the wgmma one (sm_90a build on a 9.x device).
+  bool wgmma = false;
+
   DType dtype = DType::kBF16;  // of q, k, v (bf16 or f16) and of o unless o_f32
   float scale = 0.f;           // softmax scale applied to q.k
   float scale_log2 = 0.f;      // scale * log2(e): the kernel works in exp2

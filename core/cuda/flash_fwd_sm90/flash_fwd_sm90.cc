@@ -63,6 +63,7 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
                                 : RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
     case FlashKernel::kSm80:
     case FlashKernel::kSplitKvDecode:
+    case FlashKernel::kSplitKvDecodeSm90:
       break;
   }
   return cudaErrorInvalidValue;  // not an sm90 kernel: a caller bug
@@ -82,6 +83,8 @@ std::string_view FlashKernelName(FlashKernel kernel) {
       return "sm90v3";
     case FlashKernel::kSplitKvDecode:
       return "decode";
+    case FlashKernel::kSplitKvDecodeSm90:
+      return "decode_sm90";
   }
   return "sm80";
 }

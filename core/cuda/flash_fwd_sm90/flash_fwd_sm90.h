@@ -25,13 +25,15 @@ namespace attnserve {
 //   kSm90Persistent       "sm90v3"  the warp-specialized kernel on a persistent grid
 //                                   (layout block 128 only)
 //   kSplitKvDecode        "decode"  flash_decode: a few query rows against many keys, split over
-//                                   the keys and merged by LSE (core/cuda/flash_decode)
+//                                   the keys and merged by LSE (core/cuda/flash_decode), mma.sync
+//   kSplitKvDecodeSm90    "decode_sm90"  the same with a wgmma consumer (sm_90a)
 enum class FlashKernel {
   kSm80,
   kSm90SingleTile,
   kSm90WarpSpecialized,
   kSm90Persistent,
-  kSplitKvDecode
+  kSplitKvDecode,
+  kSplitKvDecodeSm90
 };
 std::string_view FlashKernelName(FlashKernel kernel);
 
