@@ -58,6 +58,10 @@ struct FlashKernelOptions {
   // > 0 caps the persistent grid (tests: many work items per CTA); 0: no cap.
   int persistent_max_ctas = 0;
   Sm90ItemOrder item_order = Sm90ItemOrder::kAuto;
+  // The persistent schedule's consumers overlap each key tile's softmax with the previous tile's
+  // P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together); false: GEMMs and softmax of a
+  // tile in sequence, the other warpgroup filling the tensor cores (ping-pong) meanwhile.
+  bool sm90_overlap = false;
 };
 
 struct CudaOptions {

@@ -299,9 +299,17 @@ TEST_P(FlashSm90PieceTest, RectangularPiecesWithOffsets) {
   auto dout = DeviceBuffer::Create(alloc, n * hq * d * esz);
   auto dlse = DeviceBuffer::Create(alloc, n * hq * sizeof(float));
   ASSERT_TRUE(dacc.ok() && dout.ok() && dlse.ok());
+  // Every schedule; the persistent one also with the intra-warpgroup overlap.
+  std::vector<std::pair<Sm90Schedule, bool>> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
-    SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule))));
-    const FlashKernelOptions options = ForcedSm90(schedule);
+    runs.emplace_back(schedule, false);
+    if (schedule == Sm90Schedule::kPersistent) runs.emplace_back(schedule, true);
+  }
+  for (const auto& [schedule, overlap] : runs) {
+    SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
+                              overlap ? ", overlap" : ""));
+    FlashKernelOptions options = ForcedSm90(schedule);
+    options.sm90_overlap = overlap;
     {
       std::vector<float> ninf(n * hq, -std::numeric_limits<float>::infinity());
       ASSERT_EQ(cudaMemcpy(dlse->get(), ninf.data(), ninf.size() * 4, cudaMemcpyHostToDevice),

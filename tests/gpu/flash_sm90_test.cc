@@ -139,20 +139,30 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   ASSERT_TRUE(ref.ok()) << ref.status();
   // The persistent schedule runs once per work-item order: head-major and position-major,
   // whatever the layout's default.
-  std::vector<std::pair<Sm90Schedule, Sm90ItemOrder>> runs;
+  // The persistent schedule runs with and without the intra-warpgroup overlap.
+  struct Run {
+    Sm90Schedule schedule;
+    Sm90ItemOrder order;
+    bool overlap;
+  };
+  std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
     if (schedule == Sm90Schedule::kPersistent) {
-      runs.emplace_back(schedule, Sm90ItemOrder::kHead);
-      runs.emplace_back(schedule, Sm90ItemOrder::kPosition);
+      for (bool overlap : {false, true}) {
+        runs.push_back({schedule, Sm90ItemOrder::kHead, overlap});
+        runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap});
+      }
     } else {
-      runs.emplace_back(schedule, Sm90ItemOrder::kAuto);
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, false});
     }
   }
-  for (const auto& [schedule, order] : runs) {
+  for (const auto& [schedule, order, overlap] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
-                              ", item order ", std::string(Sm90ItemOrderName(order))));
-    absl::StatusOr<PlanRunResult> run =
-        RunPlan(c, in, ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order));
+                              ", item order ", std::string(Sm90ItemOrderName(order)),
+                              overlap ? ", overlap" : ""));
+    FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
+    options.sm90_overlap = overlap;
+    absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     const FlashKernel ran = run->kernel;
     if (schedule == Sm90Schedule::kSingleTile) {
@@ -272,17 +282,18 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     SCOPED_TRACE(c.name);
     // sm80, then sm90 single tile, warp-specialized and persistent (full persistent grid); each
     // sm90 schedule is compared with sm80.
-    constexpr int kRuns = 4;
+    // The last run is the persistent schedule with the intra-warpgroup overlap.
+    constexpr int kRuns = 5;
     HostTensor o[kRuns], lse[kRuns];
     FlashKernelOptions sm80;
     sm80.arch = FlashKernelArch::kSm80;
     const Sm90Schedule schedules[kRuns] = {Sm90Schedule::kSingleTile, Sm90Schedule::kSingleTile,
                                            Sm90Schedule::kWarpSpecialized,
-                                           Sm90Schedule::kPersistent};
+                                           Sm90Schedule::kPersistent, Sm90Schedule::kPersistent};
     for (int i = 0; i < kRuns; ++i) {
       if (i > 0 && !TestsSchedule(schedules[i])) continue;
-      const FlashKernelOptions options =
-          i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);
+      FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);
+      options.sm90_overlap = i == 4;
       absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
       ASSERT_TRUE(run.ok()) << run.status();
       o[i] = std::move(run->o);
@@ -301,8 +312,8 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     }
     for (int run = 1; run < kRuns; ++run) {
       if (!TestsSchedule(schedules[run])) continue;
-      SCOPED_TRACE(
-          absl::StrCat("sm90 ", std::string(Sm90ScheduleName(schedules[run])), " vs sm80"));
+      SCOPED_TRACE(absl::StrCat("sm90 ", std::string(Sm90ScheduleName(schedules[run])),
+                                run == 4 ? " overlap" : "", " vs sm80"));
       std::vector<float> a(o[0].numel()), b(o[run].numel()), la(lse[0].numel()),
           lb(lse[run].numel());
       o[0].ToFloat32(a.data());

@@ -54,7 +54,8 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       bool pos_major = p.col_idx == nullptr;
       if (options.item_order == Sm90ItemOrder::kPosition) pos_major = true;
       if (options.item_order == Sm90ItemOrder::kHead) pos_major = false;
-      return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, pos_major, stream);
+      return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, pos_major, options.sm90_overlap,
+                                                   stream);
     }
     case FlashKernel::kSm90WarpSpecialized:
       return RunFlashFwdSm90V2Impl<kHeadDim, Elem>(p, stream);

@@ -19,9 +19,10 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 // v3 (persistent v2, flash_fwd_sm90_v3_kernel.cuh): layout block 128 only; grid = min(num_sms,
 // work items). pos_major: work items ordered by query-block position first (heavy-first across
 // heads), else by head first (K/V of one head shared in L2 by the CTAs running together).
+// overlap: the consumers overlap each tile's softmax with the previous tile's P V GEMM.
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
-                                  cudaStream_t stream);
+                                  bool overlap, cudaStream_t stream);
 
 }  // namespace attnserve
 
@@ -66,9 +67,10 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
-                                  cudaStream_t stream) {
+                                  bool overlap, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
-  auto kernel = &flash_sm90::FlashFwdSm90V3Kernel<Traits>;
+  auto kernel = overlap ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true>
+                        : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

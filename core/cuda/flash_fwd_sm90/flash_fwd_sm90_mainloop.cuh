@@ -45,12 +45,18 @@ __device__ __forceinline__ void IssueScores(float (&s)[Traits::kBlock / 2], uint
   WgmmaCommit();
 }
 
+// Waits until at most kInFlight wgmma groups are pending, the S GEMM's among those done (the
+// overlapped consumer: its P V group stays in flight), and pins s after the wait.
+template <int kInFlight, int kSRegs>
+__device__ __forceinline__ void WaitScoresOf(float (&s)[kSRegs]) {
+  WgmmaWait<kInFlight>();
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
+}
 // Waits for the S GEMM issued by IssueScores (the only wgmma group in flight).
 template <int kSRegs>
 __device__ __forceinline__ void WaitScores(float (&s)[kSRegs]) {
-  WgmmaWait<0>();
-#pragma unroll
-  for (int i = 0; i < kSRegs; ++i) FenceReg(s[i]);
+  WaitScoresOf<0>(s);
 }
 
 // P (64, kBlock) from the S accumulator layout to wgmma A fragments (m64k16: 16 keys = two
@@ -93,6 +99,50 @@ __device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
   WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+}
+
+// The overlapped consumer's GEMM issue for tile e: S(e) = Q K(e)^T (when `scores`) as one commit
+// group, then O += P(e-1) V(e-1) (when `pv`) as the next; neither is waited for. WgmmaWait<1>
+// completes S (the older group), WgmmaWait<0> both. A skipped GEMM still commits its (empty)
+// group, so the waits count the same groups on every path and no issued wgmma reaches the loop's
+// back edge unwaited (ptxas serializes the kernel's wgmma otherwise, C7517).
+template <typename Traits>
+__device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
+                                                 uint32_t k_tile, bool scores,
+                                                 float (&acc_o)[Traits::kHeadDim / 2],
+                                                 uint32_t (&pa)[Traits::kBlock / 16][4],
+                                                 uint32_t v_tile, bool pv) {
+  constexpr int kPvSteps = Traits::kBlock / 16;
+#pragma unroll
+  for (int i = 0; i < Traits::kBlock / 2; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
+#pragma unroll
+  for (int kk = 0; kk < kPvSteps; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) FenceReg(pa[kk][j]);
+  }
+#pragma unroll
+  for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+  WgmmaFence();
+  if (scores) {
+#pragma unroll
+    for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+      const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
+      const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
+      const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
+      Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+  WgmmaCommit();
+  if (pv) {
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+      const uint64_t db = MakeDesc(v_tile + kk * 16 * 128, Traits::kPanelBytes, 1024);
+      Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db, 1);
+    }
+  }
+  WgmmaCommit();
 }
 
 // Where a thread's scores sit: its first row (local query row of accumulator row g; the second

@@ -29,6 +29,16 @@ struct OnlineSoftmax {
   // scale_log2 = softmax scale * log2(e), so exp2 of the scaled difference is the natural exp.
   __device__ __forceinline__ void Step(float (&s)[kBlock / 2], float (&acc_o)[kHeadDim / 2],
                                        float scale_log2) {
+    float alpha[2];
+    StepScores(s, alpha, scale_log2);
+    RescaleO(acc_o, alpha);
+  }
+
+  // Step without touching O: the running max, the denominators and the probabilities, plus the
+  // factor O must still be multiplied by (RescaleO). Split for the consumer that overlaps this
+  // tile's softmax with the previous tile's P V GEMM, which is still accumulating into O.
+  __device__ __forceinline__ void StepScores(float (&s)[kBlock / 2], float (&alpha)[2],
+                                             float scale_log2) {
     float scaled_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -42,14 +52,9 @@ struct OnlineSoftmax {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // All keys masked so far: offset 0 so that exp2(-inf) = 0 rather than NaN.
       scaled_max[h] = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float alpha = Exp2(row_max[h] * scale_log2 - scaled_max[h]);
+      alpha[h] = Exp2(row_max[h] * scale_log2 - scaled_max[h]);
       row_max[h] = mx;
-      row_sum[h] *= alpha;
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-        acc_o[4 * i + 2 * h] *= alpha;
-        acc_o[4 * i + 2 * h + 1] *= alpha;
-      }
+      row_sum[h] *= alpha[h];
     }
 #pragma unroll
     for (int i = 0; i < kBlock / 8; ++i) {
@@ -58,6 +63,16 @@ struct OnlineSoftmax {
         s[4 * i + j] = Exp2(fmaf(s[4 * i + j], scale_log2, -scaled_max[j >> 1]));
         row_sum[j >> 1] += s[4 * i + j];
       }
+    }
+  }
+
+  // O of the thread's two rows times the factors StepScores returned.
+  __device__ __forceinline__ void RescaleO(float (&acc_o)[kHeadDim / 2],
+                                           const float (&alpha)[2]) const {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc_o[4 * i + j] *= alpha[j >> 1];
     }
   }
 };

@@ -147,10 +147,79 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   }
 }
 
+// The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
+// the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
+// window (IssueScoresAndPV); S(e) is waited for first (the older group), masked and turned into
+// P(e) while the P V GEMM still runs; then that GEMM is waited for, stage e - 1 goes back to the
+// producer, and O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1) + P_(e-1) V_(e-1)): the
+// rescale must follow the GEMM that accumulates into O). The last P V runs after the loop. Cost:
+// a stage is held one tile longer (its V is read during the next tile's step), so one tile loads
+// ahead of the consumers instead of two; and P(e-1) (32 registers) is live next to S(e) and O.
+// on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
+// persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
+// C++ branch on "last" in the loop would make ptxas serialize the wgmma).
+template <typename Traits, typename OnScores>
+__device__ __forceinline__ void ConsumeItemOverlapped(
+    const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t gbase, int count, int wg,
+    int lane, const ConsumerRow& cr, const ThreadRows& rows, int64_t nk,
+    float (&acc_o)[Traits::kHeadDim / 2], OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax,
+    OnScores on_scores) {
+  constexpr int kBlock = Traits::kBlock;
+  constexpr int kStages = Traits::kStages;
+  constexpr uint32_t kTileBytes = Traits::kTileBytes;
+  uint32_t pa[kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
+  bool pending = false;         // a P V GEMM is owed for stage pending_stage (warpgroup-uniform)
+  int pending_stage = 0;
+  for (int e = 0; e < count; ++e) {
+    const uint32_t gi = gbase + static_cast<uint32_t>(e);
+    const int stage = static_cast<int>(gi % kStages);
+    MbarWait(sm.bar_full + 8 * stage, (gi / kStages) & 1u);
+    const int mask = sm.meta[2 * stage + 1];
+    const int64_t k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
+    const bool work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
+    const uint32_t k_tile = sm.kv + stage * 2u * kTileBytes;
+    const uint32_t pending_v = sm.kv + pending_stage * 2u * kTileBytes + kTileBytes;
+
+    float s[kBlock / 2];
+    PingPongBeforeScores(wg, e == 0);
+    IssueScoresAndPV<Traits>(s, cr.q_wg, k_tile, work, acc_o, pa, pending_v, pending);
+    PingPongAfterScores(wg, e + 1 == count);
+    WaitScoresOf<1>(s);
+    on_scores(e + 1 == count ? lane : 1);
+    float alpha[2] = {1.f, 1.f};
+    if (work) {
+      ApplyMask<kBlock>(s, p, mask, k0, nk, rows.my_row0, rows.delta, rows.t);
+      softmax.StepScores(s, alpha, p.scale_log2);
+    }
+    WgmmaWait<0>();
+#pragma unroll
+    for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+    // The previous tile's V has been read: its stage goes back (no-op lane 1 when none is owed).
+    MbarArriveLane0(sm.bar_empty + 8 * pending_stage, pending ? lane : 1);
+    if (work) {
+      softmax.RescaleO(acc_o, alpha);
+      PackP<typename Traits::Elem, kBlock>(s, pa);
+    }
+    // A tile without work releases its own stage now; a tile with work owes its P V.
+    MbarArriveLane0(sm.bar_empty + 8 * stage, work ? 1 : lane);
+    pending = work;
+    pending_stage = work ? stage : pending_stage;
+  }
+  if (pending) {
+    float s[kBlock / 2];
+    IssueScoresAndPV<Traits>(s, cr.q_wg, sm.kv, false, acc_o, pa,
+                             sm.kv + pending_stage * 2u * kTileBytes + kTileBytes, true);
+    WgmmaWait<0>();
+#pragma unroll
+    for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+    MbarArriveLane0(sm.bar_empty + 8 * pending_stage, lane);
+  }
+}
+
 // Consumer warpgroup `wg`: per item, wait for Q and the item's metadata, run its 64 rows against
 // the item's tiles (the ring continues across items), release Q after the last S GEMM, then the
 // epilogue. Accumulators and softmax statistics are reset per item.
-template <typename Traits>
+template <typename Traits, bool kOverlap>
 __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   const WarpSpecializedSmem& sm,
                                                   const int* item_meta, int num_items, int64_t nk,
@@ -182,14 +251,21 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
     const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
 
-    for (int e = 0; e < count; ++e) {
-      const uint32_t gi = gbase + static_cast<uint32_t>(e);
-      // Lane 0 of each warp arrives on q_empty after this item's last S GEMM (lane argument 1:
-      // no arrive).
-      const int q_release_lane = e + 1 == count ? lane : 1;
-      ConsumeTile<Traits>(p, sm, static_cast<int>(gi % kStages), (gi / kStages) & 1u, e == 0,
-                          e + 1 == count, wg, lane, cr, rows, nk, acc_o, softmax,
-                          [&] { MbarArriveLane0(bar_q_empty, q_release_lane); });
+    if constexpr (kOverlap) {
+      ConsumeItemOverlapped<Traits>(p, sm, gbase, count, wg, lane, cr, rows, nk, acc_o, softmax,
+                                    [&](int arrive_lane) {
+                                      MbarArriveLane0(bar_q_empty, arrive_lane);
+                                    });
+    } else {
+      for (int e = 0; e < count; ++e) {
+        const uint32_t gi = gbase + static_cast<uint32_t>(e);
+        // Lane 0 of each warp arrives on q_empty after this item's last S GEMM (lane argument 1:
+        // no arrive).
+        const int q_release_lane = e + 1 == count ? lane : 1;
+        ConsumeTile<Traits>(p, sm, static_cast<int>(gi % kStages), (gi / kStages) & 1u, e == 0,
+                            e + 1 == count, wg, lane, cr, rows, nk, acc_o, softmax,
+                            [&] { MbarArriveLane0(bar_q_empty, q_release_lane); });
+      }
     }
     if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
     gbase += static_cast<uint32_t>(count);
@@ -203,7 +279,9 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
-template <typename Traits>
+// kOverlap: the consumers overlap a tile's softmax with the previous tile's P V GEMM
+// (ConsumeItemOverlapped); otherwise one tile's GEMMs and softmax run in sequence (ConsumeTile).
+template <typename Traits, bool kOverlap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
@@ -241,7 +319,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   } else {
     SetMaxNregInc<Traits::kConsumerRegs>();
-    ConsumePersistent<Traits>(p, sm, item_meta, num_items, nk, warpgroup - 1, warp, lane);
+    ConsumePersistent<Traits, kOverlap>(p, sm, item_meta, num_items, nk, warpgroup - 1, warp,
+                                        lane);
   }
 #else
   __trap();
