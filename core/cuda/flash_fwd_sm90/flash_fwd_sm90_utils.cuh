@@ -156,6 +156,34 @@ __device__ __forceinline__ void PrefetchL2Bulk(const void* src, uint32_t bytes) 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 
+// ---- TMA (the persistent kernel's K/V producer) ----
+
+// Arrives on `bar` and adds `bytes` to the transaction count its current phase waits for: the
+// phase completes when every expected arrival happened and the TMA copies delivered the bytes.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 st;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+// One box of a 5-D tensor map (coordinates innermost first) into shared memory at `dst`,
+// completing its bytes on `bar`. The box lands in the map's swizzle (128 B here: the 16-byte chunk
+// c of box row r at c ^ (r % 8), the layout TileOffset addresses); rows outside the tensor are
+// zero-filled. Issued by one thread.
+__device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, uint32_t bar, int c0,
+                                          int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
+      "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
+// Fetches a tensor map (a kernel parameter) into the TMA unit's descriptor cache ahead of use.
+__device__ __forceinline__ void PrefetchTensorMap(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
+}
+
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
 }  // namespace flash_sm90
