@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, kernel, "auto", "flash kernel: auto|sm80|sm90");
 ABSL_FLAG(std::string, sm90_schedule, "",
           "Hopper kernel schedule: single_tile|warp_specialized|persistent (or v1|v2|v3); "
           "empty: the default");
+ABSL_FLAG(bool, sm90_tma, true,
+          "persistent Hopper schedule: load K and V by TMA where the tensors allow it (false: "
+          "cp.async)");
 ABSL_FLAG(bool, sm90_overlap, false,
           "persistent Hopper schedule: overlap each key tile's softmax with the previous tile's "
           "P V GEMM inside a warpgroup");
@@ -54,6 +57,7 @@ int Main() {
   }
   opt.cuda = *cuda;
   opt.cuda.flash.sm90_overlap = absl::GetFlag(FLAGS_sm90_overlap);
+  opt.cuda.flash.sm90_tma = absl::GetFlag(FLAGS_sm90_tma);
   absl::StatusOr<CudaBenchReport> report = RunCudaBench(opt);
   if (!report.ok()) {
     std::fprintf(stderr, "attnbench_cuda: %s\n", report.status().ToString().c_str());

@@ -62,6 +62,10 @@ struct FlashKernelOptions {
   // P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together); false: GEMMs and softmax of a
   // tile in sequence, the other warpgroup filling the tensor cores (ping-pong) meanwhile.
   bool sm90_overlap = false;
+  // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
+  // complete on the stage barrier) where the tensors allow it (16-byte aligned pointers and
+  // strides), else by cp.async from two producer warps; false: always cp.async.
+  bool sm90_tma = true;
 };
 
 struct CudaOptions {

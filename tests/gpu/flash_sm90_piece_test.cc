@@ -299,17 +299,27 @@ TEST_P(FlashSm90PieceTest, RectangularPiecesWithOffsets) {
   auto dout = DeviceBuffer::Create(alloc, n * hq * d * esz);
   auto dlse = DeviceBuffer::Create(alloc, n * hq * sizeof(float));
   ASSERT_TRUE(dacc.ok() && dout.ok() && dlse.ok());
-  // Every schedule; the persistent one also with the intra-warpgroup overlap.
-  std::vector<std::pair<Sm90Schedule, bool>> runs;
+  // Every schedule.
+  // The persistent one with TMA loads (default), with the overlap, and with cp.async loads.
+  struct Run {
+    Sm90Schedule schedule;
+    bool overlap;
+    bool tma;
+  };
+  std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
-    runs.emplace_back(schedule, false);
-    if (schedule == Sm90Schedule::kPersistent) runs.emplace_back(schedule, true);
+    runs.push_back({schedule, false, true});
+    if (schedule == Sm90Schedule::kPersistent) {
+      runs.push_back({schedule, true, true});
+      runs.push_back({schedule, false, false});
+    }
   }
-  for (const auto& [schedule, overlap] : runs) {
+  for (const auto& [schedule, overlap, tma] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
-                              overlap ? ", overlap" : ""));
+                              overlap ? ", overlap" : "", tma ? "" : ", cp.async"));
     FlashKernelOptions options = ForcedSm90(schedule);
     options.sm90_overlap = overlap;
+    options.sm90_tma = tma;
     {
       std::vector<float> ninf(n * hq, -std::numeric_limits<float>::infinity());
       ASSERT_EQ(cudaMemcpy(dlse->get(), ninf.data(), ninf.size() * 4, cudaMemcpyHostToDevice),

@@ -28,6 +28,7 @@
 #include "core/cuda/cuda_options.h"
 #include "core/cuda/flash_fwd/flash_fwd_params.h"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
@@ -139,29 +140,33 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   ASSERT_TRUE(ref.ok()) << ref.status();
   // The persistent schedule runs once per work-item order: head-major and position-major,
   // whatever the layout's default.
-  // The persistent schedule runs with and without the intra-warpgroup overlap.
+  // The persistent schedule runs with TMA loads (its default) in both item orders, with and
+  // without the intra-warpgroup overlap, and once with cp.async loads.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
     bool overlap;
+    bool tma;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
     if (schedule == Sm90Schedule::kPersistent) {
       for (bool overlap : {false, true}) {
-        runs.push_back({schedule, Sm90ItemOrder::kHead, overlap});
-        runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap});
+        runs.push_back({schedule, Sm90ItemOrder::kHead, overlap, true});
+        runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap, true});
       }
+      runs.push_back({schedule, Sm90ItemOrder::kHead, false, false});
     } else {
-      runs.push_back({schedule, Sm90ItemOrder::kAuto, false});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, false});
     }
   }
-  for (const auto& [schedule, order, overlap] : runs) {
+  for (const auto& [schedule, order, overlap, tma] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
-                              overlap ? ", overlap" : ""));
+                              overlap ? ", overlap" : "", tma ? ", tma" : ", cp.async"));
     FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
     options.sm90_overlap = overlap;
+    options.sm90_tma = tma;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     const FlashKernel ran = run->kernel;
@@ -189,6 +194,36 @@ INSTANTIATE_TEST_SUITE_P(Specs, FlashSm90SpecTest, ::testing::ValuesIn(SpecCases
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.name;
                          });
+
+// ---- TMA maps: a plain [B, N, H, D] layout is addressable, a misaligned one falls back --------
+
+TEST(FlashSm90TmaTest, MapsEncodeForPlainLayoutsAndRefuseMisalignedOnes) {
+  SKIP_WITHOUT_SM90();
+  // K and V of [B = 2, N = 1000, Hkv = 4, D = 128] bf16, as the params builder lays them out.
+  constexpr int64_t kB = 2, kN = 1000, kH = 4, kD = 128;
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 2 * kB * kN * kH * kD * 2 + 64), cudaSuccess);
+  FlashFwdParams p;
+  p.head_dim = kD;
+  p.dtype = DType::kBF16;
+  p.batch = kB;
+  p.num_heads = 8;  // GQA 8/4
+  p.kv_group = 2;
+  p.seqlen = kN;
+  p.k = buf;
+  p.v = static_cast<char*>(buf) + kB * kN * kH * kD * 2;
+  p.k_row_stride = p.v_row_stride = kH * kD;
+  p.k_head_stride = p.v_head_stride = kD;
+  p.k_batch_stride = p.v_batch_stride = kN * kH * kD;
+  Sm90KvMaps maps;
+  EXPECT_EQ(Sm90KvTmaMaps(p, 128, &maps), cudaSuccess);
+  p.k = static_cast<char*>(buf) + 2;  // not 16-byte aligned: TMA cannot address it
+  EXPECT_EQ(Sm90KvTmaMaps(p, 128, &maps), cudaErrorNotSupported);
+  p.k = buf;
+  p.k_row_stride = kH * kD + 4;  // 8-byte row pitch remainder
+  EXPECT_EQ(Sm90KvTmaMaps(p, 128, &maps), cudaErrorNotSupported);
+  cudaFree(buf);
+}
 
 // ---- forced sm90 where it cannot run is an error, not a fallback --------------------------------
 

@@ -1,9 +1,14 @@
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
 
+#include <cuda.h>
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstring>
 #include <atomic>
 #include <string_view>
 
@@ -55,7 +60,7 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       if (options.item_order == Sm90ItemOrder::kPosition) pos_major = true;
       if (options.item_order == Sm90ItemOrder::kHead) pos_major = false;
       return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, pos_major, options.sm90_overlap,
-                                                   stream);
+                                                   options.sm90_tma, stream);
     }
     case FlashKernel::kSm90WarpSpecialized:
       return RunFlashFwdSm90V2Impl<kHeadDim, Elem>(p, stream);
@@ -70,7 +75,73 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
   return cudaErrorInvalidValue;  // not an sm90 kernel: a caller bug
 }
 
+// cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda), or null.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// One K or V map: dims (innermost first) head dim, key row, KV head, segment, batch.
+cudaError_t EncodeKvMap(const void* base, DType dtype, const FlashFwdParams& p, int64_t rows,
+                        int64_t kv_heads, int64_t row_stride, int64_t head_stride,
+                        int64_t seg_stride, int64_t batch_stride, int box_rows, void* out) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  constexpr int64_t kEs = 2;  // bf16 / f16
+  const int64_t extents[5] = {p.head_dim, rows, kv_heads, p.num_segs, p.batch};
+  const int64_t strides[4] = {row_stride * kEs, head_stride * kEs, seg_stride * kEs,
+                              batch_stride * kEs};
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return cudaErrorNotSupported;
+  cuuint64_t dims[5];
+  cuuint64_t byte_strides[4];
+  for (int i = 0; i < 5; ++i) {
+    if (extents[i] < 1 || extents[i] > (int64_t{1} << 31) - 1) return cudaErrorNotSupported;
+    dims[i] = static_cast<cuuint64_t>(extents[i]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    int64_t st = strides[i];
+    // A dimension of extent 1 is only ever at coordinate 0: any legal stride describes it.
+    if (extents[i + 1] == 1) st = std::max<int64_t>(16, st - st % 16);
+    if (st <= 0 || st % 16 != 0 || st >= (int64_t{1} << 40)) return cudaErrorNotSupported;
+    byte_strides[i] = static_cast<cuuint64_t>(st);
+  }
+  const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(box_rows), 1, 1, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode(
+      &map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      5, const_cast<void*>(base), dims, byte_strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorNotSupported;
+  std::memcpy(out, &map, sizeof(map));
+  return cudaSuccess;
+}
+
 }  // namespace
+
+cudaError_t Sm90KvTmaMaps(const FlashFwdParams& p, int box_rows, Sm90KvMaps* maps) {
+  static_assert(sizeof(CUtensorMap) == sizeof(maps->k), "an opaque 128-byte map");
+  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorNotSupported;
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorNotSupported;
+  const int64_t rows = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+  const int64_t last_head = p.head_start + int64_t{p.num_heads - 1} * p.head_step;
+  const int64_t kv_heads = last_head / p.kv_group + 1;
+  cudaError_t err = EncodeKvMap(p.k, p.dtype, p, rows, kv_heads, p.k_row_stride, p.k_head_stride,
+                                p.k_seg_stride, p.k_batch_stride, box_rows, maps->k);
+  if (err != cudaSuccess) return err;
+  return EncodeKvMap(p.v, p.dtype, p, rows, kv_heads, p.v_row_stride, p.v_head_stride,
+                     p.v_seg_stride, p.v_batch_stride, box_rows, maps->v);
+}
 
 std::string_view FlashKernelName(FlashKernel kernel) {
   switch (kernel) {

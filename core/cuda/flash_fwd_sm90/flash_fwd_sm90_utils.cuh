@@ -179,6 +179,11 @@ __device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, 
       "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
+// Makes mbarrier initialisations visible to the async proxy (the TMA unit completes bytes on
+// them), before the CTA barrier that publishes them.
+__device__ __forceinline__ void FenceMbarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 // Fetches a tensor map (a kernel parameter) into the TMA unit's descriptor cache ahead of use.
 __device__ __forceinline__ void PrefetchTensorMap(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");

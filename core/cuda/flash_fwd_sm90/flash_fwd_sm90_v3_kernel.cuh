@@ -43,6 +43,8 @@
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V3_KERNEL_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V3_KERNEL_CUH_
 
+#include <cuda.h>  // CUtensorMap (a plain struct; nothing of the driver library is linked)
+
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v2_kernel.cuh"
 
 namespace attnserve {
@@ -94,6 +96,64 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
     }
     g += static_cast<uint32_t>(count);
   }
+}
+
+// K/V by TMA (one lane of producer warp 0 for every tile of the CTA's items): per tile, wait
+// for the stage to be free, publish (key block, mask kind) in the stage slot, arm full[stage]
+// with the tile's bytes (one arrival: full counts 1 in this mode) and issue one box per 64-column
+// panel of K and of V. The copies complete on the barrier themselves: the producer neither waits
+// for them nor fences, so every free stage has a tile in flight (cp.async producers wait for
+// their own copies before they publish, one tile per warp). Rows past the key end are
+// zero-filled by the TMA unit (the map's row extent is the key count).
+template <typename Traits>
+__device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
+                                                       const WarpSpecializedSmem& sm,
+                                                       int num_items, bool pos_major,
+                                                       const CUtensorMap* tma_k,
+                                                       const CUtensorMap* tma_v, int lane) {
+  constexpr int kBlock = Traits::kBlock;
+  constexpr int kPanels = Traits::kHeadDim / 64;
+  const int hz = p.num_heads * (p.batch * p.num_segs);
+  if (lane == 0) {
+    PrefetchTensorMap(tma_k);
+    PrefetchTensorMap(tma_v);
+  }
+  uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
+  for (int item = static_cast<int>(blockIdx.x); item < num_items;
+       item += static_cast<int>(gridDim.x)) {
+    int row, y, z;
+    DecodeItem(p, item, hz, pos_major, row, y, z);
+    int64_t begin = 0;
+    int count;
+    ItemRange(p, row, begin, count);
+    const int kv_head = (p.head_start + y * p.head_step) / p.kv_group;
+    const int batch = z / p.num_segs;
+    const int seg = z % p.num_segs;
+    if (lane == 0) {
+      for (int e = 0; e < count; ++e) {
+        const uint32_t gi = g + static_cast<uint32_t>(e);
+        const int stage = static_cast<int>(gi % Traits::kStages);
+        const uint32_t use = gi / Traits::kStages;
+        int mask;
+        const int blk = TileKeyBlock(p, row, begin, e, mask);
+        if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
+        sm.meta[2 * stage] = blk;
+        sm.meta[2 * stage + 1] = mask;
+        const uint32_t bar = sm.bar_full + 8 * stage;
+        MbarArriveExpectTx(bar, 2u * Traits::kTileBytes);
+        const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
+        const int k0 = blk * kBlock;
+#pragma unroll
+        for (int panel = 0; panel < kPanels; ++panel) {
+          const uint32_t at = k_tile + panel * Traits::kPanelBytes;
+          TmaLoad5d(at, tma_k, bar, panel * 64, k0, kv_head, seg, batch);
+          TmaLoad5d(at + Traits::kTileBytes, tma_v, bar, panel * 64, k0, kv_head, seg, batch);
+        }
+      }
+    }
+    g += static_cast<uint32_t>(count);
+  }
+  __syncwarp();
 }
 
 // Q warp: each item's Q (after the consumers released the previous one) and its metadata
@@ -281,9 +341,14 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 
 // kOverlap: the consumers overlap a tile's softmax with the previous tile's P V GEMM
 // (ConsumeItemOverlapped); otherwise one tile's GEMMs and softmax run in sequence (ConsumeTile).
-template <typename Traits, bool kOverlap>
+// kTma: K and V arrive by TMA through tma_k / tma_v (5-D maps: head dim, key row, KV head,
+// segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows); otherwise by cp.async
+// from kProducerWarps warps (the maps are then not read).
+template <typename Traits, bool kOverlap, bool kTma>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major) {
+    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major,
+                         const __grid_constant__ CUtensorMap tma_k,
+                         const __grid_constant__ CUtensorMap tma_v) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   extern __shared__ unsigned char smem_raw[];
   // v2's layout with v3's offsets (kMetaOffset moves by q_empty's 8 bytes); q_empty = bar_q + 8.
@@ -301,11 +366,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
-      MbarInit(sm.bar_full + 8 * s, 32);  // every lane of the producer warp that loads the tile
+      // TMA: the one arrive.expect_tx of the issuing lane; cp.async: every lane of the producer
+      // warp that loads the tile.
+      MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
       MbarInit(sm.bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // a lane per consumer warp
     }
     MbarInit(sm.bar_q, 32);  // q_full: every lane of the Q warp (producer warp kProducerWarps)
     MbarInit(sm.bar_q + 8, 4 * Traits::kConsumerWarpgroups);  // q_empty: a lane per consumer warp
+    if constexpr (kTma) FenceMbarrierInit();
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
 
@@ -313,7 +381,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Producer warpgroup: warps [0, kProducerWarps) load K/V, the next one Q, the last exits.
     SetMaxNregDec<Traits::kProducerRegs>();
     if (warp < Traits::kProducerWarps) {
-      ProducePersistentKv<Traits>(p, sm, num_items, pos_major, nk, warp, lane);
+      if constexpr (kTma) {
+        if (warp == 0) {
+          ProducePersistentKvTma<Traits>(p, sm, num_items, pos_major, &tma_k, &tma_v, lane);
+        }
+      } else {
+        ProducePersistentKv<Traits>(p, sm, num_items, pos_major, nk, warp, lane);
+      }
     } else if (warp == Traits::kProducerWarps) {
       ProducePersistentQ<Traits>(p, sm, item_meta, num_items, pos_major, lane);
     }
