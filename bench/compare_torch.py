@@ -489,7 +489,7 @@ def main():
                "ours_peak_bytes": case.get("peak_bytes"), "ours_ok": case.get("check", {}).get("ok"),
                "ours_error": case.get("error"), "sparsity": case.get("sparsity"),
                "compile_ms": case.get("compile_ms"), "head_dim": case.get("head_dim"),
-               "causal": case.get("causal")}
+               "causal": case.get("causal"), "tokens": case.get("tokens")}
         srv = served.get(case["name"])
         if srv is not None:
             res.update({"attnserve_engine": srv.get("engine"), "attnserve_ms": srv.get("ms_median"),
