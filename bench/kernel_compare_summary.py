@@ -37,8 +37,10 @@ def check_cell(r):
     if chk is not None:
         return (f"{'PASS' if chk['ok'] else 'FAIL'} {chk['rel']:.1e}"
                 + (f", {chk['nonfinite']} non-finite" if chk["nonfinite"] else ""))
+    if (r.get("fa4_error") or "").startswith("not installed"):
+        return "not installed"
     if r.get("fa4_error"):
-        return "n/a"
+        return "n/a (see Checks)"
     return "-"
 
 
@@ -120,13 +122,15 @@ def summarize(doc):
                 f"kernel's on {', '.join(refs)} (non-causal)."]
 
     problems = []
+    if fa4.get("status") != "ok":
+        problems.append(f"- FlashAttention-4 {fa4.get('status', 'not recorded')}: no FA4 figures")
     for r in dense + sparse:
         chk = r.get("fa4_check")
         if chk is not None and not chk["ok"]:
             problems.append(f"- FAIL: FA4 output on {r['name']} vs {r.get('fa4_check_ref')}: "
                             f"max |diff| / max |O| = {chk['rel']:.2e} (limit "
                             f"{chk.get('tolerance', 2e-2):g}), {chk['nonfinite']} non-finite")
-        if r.get("fa4_error"):
+        if r.get("fa4_error") and not r["fa4_error"].startswith("not installed"):
             problems.append(f"- FA4 not timed on {r['name']}: {r['fa4_error']}")
         if r.get("ours_ok") is False or r.get("ours_error"):
             problems.append(f"- own kernel on {r['name']}: check ok = {r.get('ours_ok')}"

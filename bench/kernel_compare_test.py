@@ -171,7 +171,8 @@ def test_summary():
     expect("| 0.50x |" in row and "| 0.25x |" in row, f"own/FA4 and own/Flex time: {row}")
     expect("| 250.0 | 500.0 | 0.50 |" in row, f"effective over the D=128 dense rate: {row}")
     row = next(l for l in lines if l.startswith("| sparse_local_window_s99 |"))
-    expect("| 0.500 | - | - |" in row and "| n/a |" in row, f"refused layout: no time: {row}")
+    expect("| 0.500 | - | - |" in row and "| n/a (see Checks) |" in row,
+           f"refused layout: no time: {row}")
     expect(not any(l.startswith("| dilated") for l in lines), "dilated rows left out")
     expect(any(l.startswith("- FAIL: FA4 output on dense_d64_n16384_causal") for l in lines),
            "FAIL line for the check above 2e-2")
@@ -188,6 +189,9 @@ def test_summary():
     md = kernel_compare_summary.summarize(doc)
     expect("FlashAttention-4 not installed" in md.splitlines()[0], "not installed in the header")
     expect("- FAIL" not in md, "no FAIL without FA4")
+    expect("| not installed |" in md and "- FlashAttention-4 not installed" in md,
+           "not installed in the check cells and the checks")
+    expect("FA4 not timed" not in md, "one not-installed line, not one per case")
 
 
 def main():
