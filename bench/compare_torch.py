@@ -9,12 +9,13 @@ Times, on the shapes of bench/cuda/cases.cc (attnbench_cuda):
   * dilated: a PyTorch LongNet implementation (gather per branch and head group, SDPA flash
              returning the logsumexp, LSE merge in f32), with its peak memory
   * FlashAttention-4 (flash-attn-4, its CuTe-DSL kernels; sm90 ones on Hopper), imported from
-             the site dir given with --fa4-site (else its columns say "not installed"): dense (D = 128 and D = 64) and block-sparse on the
-             same CSR as FlexAttention, its blocks given as FA4 "full" blocks (bench/fa4_blocks.py
-             converts the CSR and says which block sizes FA4 takes); a layout FA4 refuses gets
-             its reason in fa4_error, never a time. Its output is checked against SDPA flash
-             (dense) or FlexAttention (sparse) on the same inputs: fa4_check = max |diff| /
-             max |O| and the non-finite count, FAIL in the markdown above 2e-2.
+             the site dir given with --fa4-site (else its columns say "not installed"): dense
+             (D = 128 and D = 64) and block-sparse on the same CSR as FlexAttention, its blocks
+             given as FA4 "full" blocks (bench/fa4_blocks.py converts the CSR and says which
+             block sizes FA4 takes); a layout FA4 refuses gets its reason in fa4_error, never a
+             time. Its output is checked against SDPA flash (dense) or FlexAttention (sparse) on
+             the same inputs: fa4_check = max |diff| / max |O| and the non-finite count, FAIL in
+             the markdown above 2e-2. FA4's first call per shape compiles (fa4_first_call_s).
 Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). Timing:
 triton.testing.do_bench, median. Merges attnbench_cuda's JSON (--ours) and writes a JSON and a
 markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
@@ -331,7 +332,8 @@ def run_fa4_sparse(case, res, q, k, v, row_ptr, col_idx, pairs, ref):
     major, minor = torch.cuda.get_device_capability()
     why = fa4_blocks.fa4_block_sparse_refusal(major, d, n, bs, bs, nb, nb)
     if why is not None:
-        res["fa4_error"] = f"FA4 {FA4['version']} cannot take this layout on sm{major}{minor}: {why}"
+        res["fa4_error"] = (f"FA4 {FA4['version']} cannot take this layout on "
+                            f"sm{major}{minor}: {why}")
         return
     full_cnt = torch.from_numpy(counts).to(DEV).view(1, 1, nb)
     full_idx = torch.from_numpy(idx).to(DEV).view(1, 1, nb, idx.shape[1])

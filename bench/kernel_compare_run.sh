@@ -36,7 +36,10 @@ if [ -f "$NEW/env.sh" ]; then
 elif [ -d "$NEW/lib" ]; then
   export LD_LIBRARY_PATH="$NEW/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-CASES=${CASES:-dense_n16384,dense_n16384_causal,dense_d64_n16384,dense_d64_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99}
+DEFAULT_CASES=dense_n16384,dense_n16384_causal,dense_d64_n16384,dense_d64_n16384_causal
+DEFAULT_CASES=$DEFAULT_CASES,sparse_random_s90,sparse_local_window_s90
+DEFAULT_CASES=$DEFAULT_CASES,sparse_random_s99,sparse_local_window_s99
+CASES=${CASES:-$DEFAULT_CASES}  # attnbench_cuda case names (and groups), the same for both steps
 
 {
   echo "# Kernel comparison $(date -u +%FT%TZ) (bundle: $NEW, FA4 site: ${FA4_SITE:-none})"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The kernel comparison's summary: our kernels against FlashAttention-4, from compare_torch.py's JSON.
+"""The kernel comparison's summary: our kernels against FlashAttention-4 (compare_torch.py's JSON).
 
   bench/kernel_compare_summary.py COMPARE_JSON [--md OUT.md]
 
