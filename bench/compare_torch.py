@@ -267,8 +267,9 @@ def load_fa4(site_dir):
     try:
         from importlib.metadata import version
         FA4["version"] = version("flash-attn-4")
-    except Exception:  # noqa: BLE001
-        pass
+    except Exception:  # noqa: BLE001  (no dist-info beside the package: its own attribute)
+        import flash_attn
+        FA4["version"] = getattr(flash_attn, "__version__", "(version unknown)")
     log(f"compare_torch: FlashAttention-4 {FA4['version']} from {site_dir}")
 
 
@@ -340,11 +341,30 @@ def run_fa4_sparse(case, res, q, k, v, row_ptr, col_idx, pairs, ref):
     # No mask blocks: empty lists (FA4 wants the mask tensors even then).
     mask_cnt = torch.zeros_like(full_cnt)
     mask_idx = torch.zeros((1, 1, nb, 1), dtype=torch.int32, device=DEV)
-    bst = FA4["block_sparse_tensors"](mask_block_cnt=mask_cnt, mask_block_idx=mask_idx,
-                                      full_block_cnt=full_cnt, full_block_idx=full_idx,
-                                      block_size=(bs, bs))
+
+    def tensors(shape):
+        t = [x.expand(*shape, *x.shape[2:]).contiguous() for x in
+             (mask_cnt, mask_idx, full_cnt, full_idx)]
+        return FA4["block_sparse_tensors"](mask_block_cnt=t[0], mask_block_idx=t[1],
+                                           full_block_cnt=t[2], full_block_idx=t[3],
+                                           block_size=(bs, bs))
     flops = 4 * b * hq * d * pairs if pairs else None
-    run_fa4(res, lambda: fa4_call(q, k, v, block_sparse_tensors=bst), flops, n <= 1048576, ref)
+    # One layout for every batch and head (FA4 broadcasts dims of size 1); should this FA4 build
+    # refuse the broadcast, the same lists copied per (batch, head) as its own
+    # compute_block_sparsity makes them. fa4_block_sparse_form says which one ran.
+    errors = []
+    for form, shape in (("broadcast [1, 1, M, W]", (1, 1)), (f"per head [{b}, {hq}, M, W]",
+                                                             (b, hq))):
+        bst = tensors(shape)
+        res.pop("fa4_error", None)
+        run_fa4(res, lambda: fa4_call(q, k, v, block_sparse_tensors=bst), flops, n <= 1048576,
+                ref)
+        if "fa4_error" not in res:
+            res["fa4_block_sparse_form"] = form
+            break
+        errors.append(f"{form}: {res['fa4_error']}")
+    if errors:
+        res["fa4_block_sparse_errors"] = errors
 
 
 # ---------------------------------------------------------------- dilated: PyTorch LongNet
