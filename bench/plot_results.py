@@ -112,15 +112,18 @@ def chart_kernels_dense(results, out):
     labels = [f"N={int(r['name'].split('_n')[1].split('_')[0]):,}\n"
               f"{'causal' if r['name'].endswith('causal') else 'non-causal'}" for r in rows]
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    grouped_bars(ax, labels, [
+    series = [
         ("attnserve (cuDNN engine)", COLORS["attnserve"], [r["attnserve_tflops"] for r in rows]),
         ("attnserve own kernel", COLORS["own"], [r["ours_tflops"] for r in rows]),
         ("PyTorch SDPA flash", COLORS["flash"], [r["torch_flash_tflops"] for r in rows]),
         ("PyTorch SDPA cuDNN", COLORS["cudnn"], [r["torch_cudnn_tflops"] for r in rows]),
-    ], "{:.0f}")
+    ]
+    if any(r.get("fa4_tflops") for r in rows):  # compare_torch.py --fa4-site runs
+        series.append(("FlashAttention-4", COLORS["fa4"], [r.get("fa4_tflops") for r in rows]))
+    grouped_bars(ax, labels, series, "{:.0f}")
     ax.set_ylabel("TFLOP/s (higher is better)")
     ax.set_title("Dense attention, bf16, D=128, Hq=Hkv=16, B x N = 16384", fontsize=10)
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.legend(fontsize=7, ncol=len(series), loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.subplots_adjust(bottom=0.3, top=0.92)
     footnote(fig, doc.get("device", "NVIDIA H200"), date_of(doc, rel), [rel])
     return save(fig, out, "kernels_dense")
@@ -139,10 +142,14 @@ def chart_kernels_sparse(results, out):
         labels.append(f"{names.get(m.group(1), m.group(1))}\n{100 * r['sparsity']:.1f}% skipped"
                       if m else r["name"])
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    grouped_bars(ax, labels, [
+    series = [
         ("attnserve", COLORS["attnserve"], [r["ours_ms"] for r in rows]),
         ("FlexAttention (compiled)", COLORS["flex"], [r["flex_ms"] for r in rows]),
-    ], "{:.2f}", log=True)
+    ]
+    if any(r.get("fa4_ms") for r in rows):  # compare_torch.py --fa4-site runs
+        series.append(("FlashAttention-4 (block-sparse)", COLORS["fa4"],
+                       [r.get("fa4_ms") for r in rows]))
+    grouped_bars(ax, labels, series, "{:.2f}", log=True)
     for i, r in enumerate(rows):
         ax.annotate(f"{r['ours_ms'] / r['flex_ms']:.2f}x", (i, max(r["ours_ms"], r["flex_ms"])),
                     xytext=(0, 12), textcoords="offset points", ha="center", fontsize=8,

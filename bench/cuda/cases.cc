@@ -46,6 +46,17 @@ std::vector<Case> AllCases() {
       cases.push_back(c);
     }
   }
+  // Dense at D = 64 (the other head dim the kernels implement), N = 16384, B = 1, Hq = Hkv = 16:
+  // a group of its own so that "dense" keeps its D = 128 cases only.
+  for (bool causal : {false, true}) {
+    Case c;
+    c.name = absl::StrCat("dense_d64_n16384", causal ? "_causal" : "");
+    c.group = "dense_d64";
+    c.spec.pattern = DenseSpec{};
+    c.spec.causal = causal;
+    c.shape = Shape(1, 16384, 16, 16, 64);
+    cases.push_back(c);
+  }
   // Block sparse at N = 65536 (block 128, 512 blocks): 90% and 99% skipped.
   {
     const int64_t n = 65536, nb = n / 128;
