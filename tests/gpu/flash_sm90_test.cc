@@ -199,29 +199,36 @@ INSTANTIATE_TEST_SUITE_P(Specs, FlashSm90SpecTest, ::testing::ValuesIn(SpecCases
 
 TEST(FlashSm90TmaTest, MapsEncodeForPlainLayoutsAndRefuseMisalignedOnes) {
   SKIP_WITHOUT_SM90();
-  // K and V of [B = 2, N = 1000, Hkv = 4, D = 128] bf16, as the params builder lays them out.
-  constexpr int64_t kB = 2, kN = 1000, kH = 4, kD = 128;
+  // Q [B = 2, N = 1000, Hq = 8, D = 128] and K, V [2, 1000, Hkv = 4, 128] bf16, as the params
+  // builder lays them out.
+  constexpr int64_t kB = 2, kN = 1000, kHq = 8, kH = 4, kD = 128;
+  const int64_t q_elems = kB * kN * kHq * kD, kv_elems = kB * kN * kH * kD;
   void* buf = nullptr;
-  ASSERT_EQ(cudaMalloc(&buf, 2 * kB * kN * kH * kD * 2 + 64), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&buf, (q_elems + 2 * kv_elems) * 2 + 64), cudaSuccess);
   FlashFwdParams p;
   p.head_dim = kD;
   p.dtype = DType::kBF16;
   p.batch = kB;
-  p.num_heads = 8;  // GQA 8/4
-  p.kv_group = 2;
+  p.num_heads = kHq;
+  p.kv_group = kHq / kH;
   p.seqlen = kN;
-  p.k = buf;
-  p.v = static_cast<char*>(buf) + kB * kN * kH * kD * 2;
+  p.q = buf;
+  p.k = static_cast<char*>(buf) + q_elems * 2;
+  p.v = static_cast<const char*>(p.k) + kv_elems * 2;
+  p.q_row_stride = kHq * kD;
+  p.q_head_stride = kD;
+  p.q_batch_stride = kN * kHq * kD;
   p.k_row_stride = p.v_row_stride = kH * kD;
   p.k_head_stride = p.v_head_stride = kD;
   p.k_batch_stride = p.v_batch_stride = kN * kH * kD;
-  Sm90KvMaps maps;
-  EXPECT_EQ(Sm90KvTmaMaps(p, 128, &maps), cudaSuccess);
-  p.k = static_cast<char*>(buf) + 2;  // not 16-byte aligned: TMA cannot address it
-  EXPECT_EQ(Sm90KvTmaMaps(p, 128, &maps), cudaErrorNotSupported);
-  p.k = buf;
-  p.k_row_stride = kH * kD + 4;  // 8-byte row pitch remainder
-  EXPECT_EQ(Sm90KvTmaMaps(p, 128, &maps), cudaErrorNotSupported);
+  Sm90TmaMaps maps;
+  EXPECT_EQ(MakeSm90TmaMaps(p, 128, &maps), cudaSuccess);
+  const void* k = p.k;
+  p.k = static_cast<const char*>(k) + 2;  // not 16-byte aligned: TMA cannot address it
+  EXPECT_EQ(MakeSm90TmaMaps(p, 128, &maps), cudaErrorNotSupported);
+  p.k = k;
+  p.q_row_stride = kHq * kD + 4;  // an 8-byte remainder in the row pitch
+  EXPECT_EQ(MakeSm90TmaMaps(p, 128, &maps), cudaErrorNotSupported);
   cudaFree(buf);
 }
 

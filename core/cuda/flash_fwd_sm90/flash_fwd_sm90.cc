@@ -90,8 +90,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return fn;
 }
 
-// One K or V map: dims (innermost first) head dim, key row, KV head, segment, batch.
-cudaError_t EncodeKvMap(const void* base, DType dtype, const FlashFwdParams& p, int64_t rows,
+// One Q, K or V map: dims (innermost first) head dim, row, head, segment, batch.
+cudaError_t EncodeMap(const void* base, DType dtype, const FlashFwdParams& p, int64_t rows,
                         int64_t kv_heads, int64_t row_stride, int64_t head_stride,
                         int64_t seg_stride, int64_t batch_stride, int box_rows, void* out) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
@@ -129,18 +129,21 @@ cudaError_t EncodeKvMap(const void* base, DType dtype, const FlashFwdParams& p, 
 
 }  // namespace
 
-cudaError_t Sm90KvTmaMaps(const FlashFwdParams& p, int box_rows, Sm90KvMaps* maps) {
+cudaError_t MakeSm90TmaMaps(const FlashFwdParams& p, int box_rows, Sm90TmaMaps* maps) {
   static_assert(sizeof(CUtensorMap) == sizeof(maps->k), "an opaque 128-byte map");
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorNotSupported;
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorNotSupported;
-  const int64_t rows = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
-  const int64_t last_head = p.head_start + int64_t{p.num_heads - 1} * p.head_step;
-  const int64_t kv_heads = last_head / p.kv_group + 1;
-  cudaError_t err = EncodeKvMap(p.k, p.dtype, p, rows, kv_heads, p.k_row_stride, p.k_head_stride,
-                                p.k_seg_stride, p.k_batch_stride, box_rows, maps->k);
+  const int64_t k_rows = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+  const int64_t q_heads = p.head_start + int64_t{p.num_heads - 1} * p.head_step + 1;
+  const int64_t kv_heads = (q_heads - 1) / p.kv_group + 1;
+  cudaError_t err = EncodeMap(p.q, p.dtype, p, p.seqlen, q_heads, p.q_row_stride, p.q_head_stride,
+                              p.q_seg_stride, p.q_batch_stride, box_rows, maps->q);
   if (err != cudaSuccess) return err;
-  return EncodeKvMap(p.v, p.dtype, p, rows, kv_heads, p.v_row_stride, p.v_head_stride,
-                     p.v_seg_stride, p.v_batch_stride, box_rows, maps->v);
+  err = EncodeMap(p.k, p.dtype, p, k_rows, kv_heads, p.k_row_stride, p.k_head_stride,
+                  p.k_seg_stride, p.k_batch_stride, box_rows, maps->k);
+  if (err != cudaSuccess) return err;
+  return EncodeMap(p.v, p.dtype, p, k_rows, kv_heads, p.v_row_stride, p.v_head_stride,
+                   p.v_seg_stride, p.v_batch_stride, box_rows, maps->v);
 }
 
 std::string_view FlashKernelName(FlashKernel kernel) {

@@ -22,22 +22,23 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 // work items). pos_major: work items ordered by query-block position first (heavy-first across
 // heads), else by head first (K/V of one head shared in L2 by the CTAs running together).
 // overlap: the consumers overlap each tile's softmax with the previous tile's P V GEMM.
-// tma: K and V arrive by TMA where Sm90KvTmaMaps can describe them (else by cp.async).
+// tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
 template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
                                   bool overlap, bool tma, cudaStream_t stream);
 
-// The persistent kernel's K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, key row, KV
-// head, segment, batch) over params' pointers and element strides, 128-byte swizzle, boxes of 64
-// columns x `box_rows` rows, rows past the key end zero-filled. Returns cudaErrorNotSupported
-// when TMA cannot address the tensors (a pointer not 16-byte aligned, a stride that is not a
-// multiple of 16 bytes, sizes out of range); the caller then loads by cp.async. Maps are
-// opaque 128-byte blobs, passed to the kernel by value.
-struct Sm90KvMaps {
+// The persistent kernel's Q, K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, row, head,
+// segment, batch) over params' pointers and element strides, 128-byte swizzle, boxes of 64
+// columns x `box_rows` rows, rows past the query / key end zero-filled. Returns
+// cudaErrorNotSupported when TMA cannot address the tensors (a pointer not 16-byte aligned, a
+// stride that is not a multiple of 16 bytes, sizes out of range); the caller then loads by
+// cp.async. Maps are opaque 128-byte blobs, passed to the kernel by value.
+struct Sm90TmaMaps {
+  alignas(64) unsigned char q[128];
   alignas(64) unsigned char k[128];
   alignas(64) unsigned char v[128];
 };
-cudaError_t Sm90KvTmaMaps(const FlashFwdParams& params, int box_rows, Sm90KvMaps* maps);
+cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaMaps* maps);
 
 }  // namespace attnserve
 
@@ -84,8 +85,8 @@ template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
                                   bool overlap, bool tma, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
-  Sm90KvMaps maps{};
-  if (tma && Sm90KvTmaMaps(params, Traits::kBlock, &maps) != cudaSuccess) tma = false;
+  Sm90TmaMaps maps{};
+  if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps) != cudaSuccess) tma = false;
   auto kernel = overlap ? (tma ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true, true>
                                : &flash_sm90::FlashFwdSm90V3Kernel<Traits, true, false>)
                         : (tma ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, true>
@@ -100,12 +101,13 @@ cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, boo
   if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel
   const unsigned grid =
       static_cast<unsigned>(items < num_sms ? items : static_cast<long long>(num_sms));
-  CUtensorMap tma_k, tma_v;
+  CUtensorMap tma_q, tma_k, tma_v;
   static_assert(sizeof(CUtensorMap) == sizeof(maps.k), "an opaque 128-byte map");
+  std::memcpy(&tma_q, maps.q, sizeof(tma_q));
   std::memcpy(&tma_k, maps.k, sizeof(tma_k));
   std::memcpy(&tma_v, maps.v, sizeof(tma_v));
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items), pos_major,
-                                                     tma_k, tma_v);
+                                                     tma_q, tma_k, tma_v);
   return cudaGetLastError();
 }
 

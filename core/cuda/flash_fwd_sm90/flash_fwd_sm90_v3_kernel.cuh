@@ -160,10 +160,14 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
 // (row, count, y, z; released with Q by the q_full arrive, so the consumers do no dependent
 // global loads between items); then the next item's Q rows are prefetched into L2, a whole item
 // ahead of their load.
-template <typename Traits>
+// kTma: lane 0 arms q_full with the tile's bytes (q_full counts 1 then) and issues one TMA box per
+// 64-column panel (rows past the query end zero-filled); otherwise every lane loads by cp.async,
+// waits, fences and arrives (q_full counts 32).
+template <typename Traits, bool kTma>
 __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
                                                    const WarpSpecializedSmem& sm, int* item_meta,
-                                                   int num_items, bool pos_major, int lane) {
+                                                   int num_items, bool pos_major,
+                                                   const CUtensorMap* tma_q, int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kBlock = Traits::kBlock;
   const int64_t n = p.seqlen;
@@ -180,18 +184,34 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     const Elem* q_base = QBase<Elem>(p, y, z);
     // Q of the previous item: every consumer warp issued and completed its last S GEMM.
     if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
-    WarpLoadTile<kBlock, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
-                                          static_cast<int64_t>(row) * kBlock, n, lane);
-    CpAsyncCommit();
-    if (lane == 0) {  // released to the consumers by this lane's q_full arrive
-      item_meta[0] = row;
-      item_meta[1] = count;
-      item_meta[2] = y;
-      item_meta[3] = z;
+    if constexpr (kTma) {
+      if (lane == 0) {  // the metadata is released to the consumers by this lane's arrive
+        item_meta[0] = row;
+        item_meta[1] = count;
+        item_meta[2] = y;
+        item_meta[3] = z;
+        MbarArriveExpectTx(sm.bar_q, Traits::kTileBytes);
+        const int head = p.head_start + y * p.head_step;
+#pragma unroll
+        for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
+          TmaLoad5d(sm.q + panel * Traits::kPanelBytes, tma_q, sm.bar_q, panel * 64, row * kBlock,
+                    head, z % p.num_segs, z / p.num_segs);
+        }
+      }
+    } else {
+      WarpLoadTile<kBlock, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
+                                            static_cast<int64_t>(row) * kBlock, n, lane);
+      CpAsyncCommit();
+      if (lane == 0) {  // released to the consumers by this lane's q_full arrive
+        item_meta[0] = row;
+        item_meta[1] = count;
+        item_meta[2] = y;
+        item_meta[3] = z;
+      }
+      CpAsyncWait<0>();
+      FenceProxyAsyncShared();
+      MbarArrive(sm.bar_q);
     }
-    CpAsyncWait<0>();
-    FenceProxyAsyncShared();
-    MbarArrive(sm.bar_q);
     const int next = item + item_step;
     if (next < num_items) {
       DecodeItem(p, next, hz, pos_major, row, y, z);
@@ -341,12 +361,13 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 
 // kOverlap: the consumers overlap a tile's softmax with the previous tile's P V GEMM
 // (ConsumeItemOverlapped); otherwise one tile's GEMMs and softmax run in sequence (ConsumeTile).
-// kTma: K and V arrive by TMA through tma_k / tma_v (5-D maps: head dim, key row, KV head,
+// kTma: Q, K and V arrive by TMA through tma_q / tma_k / tma_v (5-D maps: head dim, row, head,
 // segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows); otherwise by cp.async
-// from kProducerWarps warps (the maps are then not read).
+// (K/V from kProducerWarps warps, Q from the next one; the maps are then not read).
 template <typename Traits, bool kOverlap, bool kTma>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major,
+                         const __grid_constant__ CUtensorMap tma_q,
                          const __grid_constant__ CUtensorMap tma_k,
                          const __grid_constant__ CUtensorMap tma_v) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
@@ -371,7 +392,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
       MbarInit(sm.bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // a lane per consumer warp
     }
-    MbarInit(sm.bar_q, 32);  // q_full: every lane of the Q warp (producer warp kProducerWarps)
+    // q_full: the TMA lane's arrive, or every lane of the Q warp (producer warp kProducerWarps).
+    MbarInit(sm.bar_q, kTma ? 1 : 32);
     MbarInit(sm.bar_q + 8, 4 * Traits::kConsumerWarpgroups);  // q_empty: a lane per consumer warp
     if constexpr (kTma) FenceMbarrierInit();
   }
@@ -389,7 +411,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ProducePersistentKv<Traits>(p, sm, num_items, pos_major, nk, warp, lane);
       }
     } else if (warp == Traits::kProducerWarps) {
-      ProducePersistentQ<Traits>(p, sm, item_meta, num_items, pos_major, lane);
+      ProducePersistentQ<Traits, kTma>(p, sm, item_meta, num_items, pos_major, &tma_q,
+                                      lane);
     }
   } else {
     SetMaxNregInc<Traits::kConsumerRegs>();
