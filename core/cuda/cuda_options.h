@@ -38,9 +38,11 @@ enum class FlashKernelArch { kAuto, kSm80, kSm90 };
 // order (FlashKernelName, core/cuda/flash_fwd_sm90/flash_fwd_sm90.h).
 enum class Sm90Schedule { kSingleTile, kWarpSpecialized, kPersistent };
 
-// Order of the persistent schedule's work items.
-//   kAuto: head-major for CSR layouts (CTAs running together share one head's K/V in L2),
-//          position-major for the implicit dense/causal layouts (heavy rows first).
+// Order of the persistent schedule's work items: (head, batch, segment) pairs in groups, a
+// group's items position-major (heavy rows first where the layout says which).
+//   kAuto:     groups as large as keep their K/V in half of L2 (Sm90HeadGroup in
+//              flash_fwd_sm90.h), which makes long sequences head-major;
+//   kPosition: one group (position-major over every head);  kHead: one pair per group.
 enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
@@ -58,6 +60,9 @@ struct FlashKernelOptions {
   // > 0 caps the persistent grid (tests: many work items per CTA); 0: no cap.
   int persistent_max_ctas = 0;
   Sm90ItemOrder item_order = Sm90ItemOrder::kAuto;
+  // > 0: (head, batch, segment) pairs per work-item group, overriding item_order (tests: groups
+  // of uneven size); 0: from item_order.
+  int persistent_head_group = 0;
   // The persistent schedule's consumers overlap each key tile's softmax with the previous tile's
   // P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together); false: GEMMs and softmax of a
   // tile in sequence, the other warpgroup filling the tensor cores (ping-pong) meanwhile.

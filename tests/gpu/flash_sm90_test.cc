@@ -142,31 +142,36 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   // whatever the layout's default.
   // The persistent schedule runs with TMA loads (its default) in both item orders, with and
   // without the intra-warpgroup overlap, and once with cp.async loads.
+  // Also groups of 3 (head, batch, segment) pairs: uneven groups where hz is not a multiple.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
     bool overlap;
     bool tma;
+    int head_group;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
     if (schedule == Sm90Schedule::kPersistent) {
       for (bool overlap : {false, true}) {
-        runs.push_back({schedule, Sm90ItemOrder::kHead, overlap, true});
-        runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap, true});
+        runs.push_back({schedule, Sm90ItemOrder::kHead, overlap, true, 0});
+        runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap, true, 0});
       }
-      runs.push_back({schedule, Sm90ItemOrder::kHead, false, false});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, true, 3});
+      runs.push_back({schedule, Sm90ItemOrder::kHead, false, false, 0});
     } else {
-      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, false});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, false, 0});
     }
   }
-  for (const auto& [schedule, order, overlap, tma] : runs) {
+  for (const auto& [schedule, order, overlap, tma, head_group] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
-                              overlap ? ", overlap" : "", tma ? ", tma" : ", cp.async"));
+                              overlap ? ", overlap" : "", tma ? ", tma" : ", cp.async",
+                              ", head group ", head_group));
     FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
     options.sm90_overlap = overlap;
     options.sm90_tma = tma;
+    options.persistent_head_group = head_group;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     const FlashKernel ran = run->kernel;
@@ -230,6 +235,36 @@ TEST(FlashSm90TmaTest, MapsEncodeForPlainLayoutsAndRefuseMisalignedOnes) {
   p.q_row_stride = kHq * kD + 4;  // an 8-byte remainder in the row pitch
   EXPECT_EQ(MakeSm90TmaMaps(p, 128, &maps), cudaErrorNotSupported);
   cudaFree(buf);
+}
+
+// ---- the persistent schedule's head groups (host heuristic, no GPU needed) --------------------
+
+TEST(FlashSm90ScheduleTest, HeadGroupsKeepKvInL2AndCausalGroupsTwoWaves) {
+  FlashFwdParams p;
+  p.num_heads = 16;
+  p.batch = 1;
+  p.num_segs = 1;
+  p.head_dim = 128;
+  p.seqlen = 16384;  // K + V of one head: 8 MiB
+  p.num_q_blocks = 128;
+  constexpr int64_t kL2 = 50 << 20;
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kAuto), 3);  // 25 MiB / 8 MiB
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kPosition), 16);
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kHead), 1);
+  p.seqlen = 65536;  // 32 MiB a head: one head per group
+  p.num_q_blocks = 512;
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kAuto), 1);
+  // Implicit causal: one group (heavy-first over every head) unless one head's K/V fills the
+  // L2 share.
+  p.dense_causal = true;
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kAuto), 1);  // N = 65536
+  p.seqlen = 16384;
+  p.num_q_blocks = 128;
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kAuto), 16);
+  // Never more pairs than there are.
+  p.dense_causal = false;
+  p.num_heads = 2;
+  EXPECT_EQ(Sm90HeadGroup(p, 132, kL2, Sm90ItemOrder::kAuto), 2);
 }
 
 // ---- forced sm90 where it cannot run is an error, not a fallback --------------------------------

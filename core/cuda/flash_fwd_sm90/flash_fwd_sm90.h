@@ -60,6 +60,16 @@ bool CurrentDeviceIsSm90();
 absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& params,
                                            const FlashKernelOptions& options);
 
+// The persistent schedule's work-item groups (the heuristic; DecodeItem in
+// flash_fwd_sm90_tile_scheduler.cuh walks them): (head, batch, segment) pairs per group, the
+// items of a group position-major. kPosition: all pairs in one group; kHead: one pair per group;
+// kAuto: as many pairs as keep their K and V within half of `l2_bytes` (the CTAs running together
+// then re-read K/V from L2, not HBM), at least 1; the implicit causal layout, whose heavy-first
+// walk balances the CTAs only over many items, gets one group unless a single pair's K/V fills
+// that share (then one pair per group). `ctas` is the persistent grid (kept for the heuristic's
+// inputs; the measured rules do not need it yet).
+int Sm90HeadGroup(const FlashFwdParams& params, int ctas, int64_t l2_bytes, Sm90ItemOrder order);
+
 // Launches `kernel` (one of the sm90 kernels, as FlashKernelFor chose it for params). The
 // persistent schedule reads options.persistent_max_ctas and options.item_order. Returns the
 // launch error.

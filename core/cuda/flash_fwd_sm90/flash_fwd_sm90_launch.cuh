@@ -19,12 +19,12 @@ template <int kHeadDim, typename Elem>
 cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream);
 
 // v3 (persistent v2, flash_fwd_sm90_v3_kernel.cuh): layout block 128 only; grid = min(num_sms,
-// work items). pos_major: work items ordered by query-block position first (heavy-first across
-// heads), else by head first (K/V of one head shared in L2 by the CTAs running together).
+// work items). head_group: (head, batch * segment) pairs per group of work items, position-major
+// inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
 // overlap: the consumers overlap each tile's softmax with the previous tile's P V GEMM.
 // tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
 template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
+cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, int head_group,
                                   bool overlap, bool tma, cudaStream_t stream);
 
 // The persistent kernel's Q, K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, row, head,
@@ -82,15 +82,16 @@ cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t str
 }
 
 template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, bool pos_major,
+cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, int head_group,
                                   bool overlap, bool tma, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
   Sm90TmaMaps maps{};
   if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps) != cudaSuccess) tma = false;
-  auto kernel = overlap ? (tma ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true, true>
-                               : &flash_sm90::FlashFwdSm90V3Kernel<Traits, true, false>)
-                        : (tma ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, true>
-                               : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, false>);
+  // The overlapped consumer runs on TMA loads only (its split K/V barriers); without them the
+  // sequential one runs.
+  auto kernel = tma ? (overlap ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true, true>
+                               : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, true>)
+                    : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, false>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -106,7 +107,7 @@ cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, boo
   std::memcpy(&tma_q, maps.q, sizeof(tma_q));
   std::memcpy(&tma_k, maps.k, sizeof(tma_k));
   std::memcpy(&tma_v, maps.v, sizeof(tma_v));
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items), pos_major,
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items), head_group,
                                                      tma_q, tma_k, tma_v);
   return cudaGetLastError();
 }

@@ -17,25 +17,27 @@ namespace flash_sm90 {
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
 
-// Persistent work item -> (query-block row, y, z). pos_major: the position is the slowest index
-// (the heavy-first walk orders the whole item list); else (y, z) is, position fastest.
-__device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz,
-                                           bool pos_major, int& row, int& y, int& z) {
-  int pos, rem;
-  if (pos_major) {
-    pos = item / hz;
-    rem = item - pos * hz;
-  } else {
-    const int nq = static_cast<int>(p.num_q_blocks);
-    rem = item / nq;
-    pos = item - rem * nq;
-  }
+// Persistent work item -> (query-block row, y, z). The (y, z) pairs (hz of them) are cut into
+// groups of `group`; the items of a group come before those of the next, and inside a group the
+// position is the slowest index (the heavy-first walk: row_order, or the implicit causal layout
+// from its last row down). group = hz: position-major over everything; group = 1: head-major
+// (one (head, batch, segment) after another). The launcher sizes groups so that the K/V the
+// CTAs running together read stays in L2 (flash_fwd_sm90.cc: Sm90HeadGroup).
+__device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz, int group,
+                                           int& row, int& y, int& z) {
+  const int nq = static_cast<int>(p.num_q_blocks);
+  const int per_group = group * nq;  // every group but the last is full
+  const int g = item / per_group;
+  const int r = item - g * per_group;
+  const int size = min(group, hz - g * group);
+  const int pos = r / size;
+  const int rem = g * group + (r - pos * size);
   y = rem % p.num_heads;
   z = rem / p.num_heads;
   if (p.row_order != nullptr) {
     row = p.row_order[pos];
   } else if (p.col_idx == nullptr && p.dense_causal) {
-    row = static_cast<int>(p.num_q_blocks) - 1 - pos;
+    row = nq - 1 - pos;
   } else {
     row = pos;
   }

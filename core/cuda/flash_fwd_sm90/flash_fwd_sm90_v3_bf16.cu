@@ -3,6 +3,6 @@
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
 
 namespace attnserve {
-template cudaError_t RunFlashFwdSm90V3Impl<64, __nv_bfloat16>(const FlashFwdParams&, int, bool, bool, bool, cudaStream_t);
-template cudaError_t RunFlashFwdSm90V3Impl<128, __nv_bfloat16>(const FlashFwdParams&, int, bool, bool, bool, cudaStream_t);
+template cudaError_t RunFlashFwdSm90V3Impl<64, __nv_bfloat16>(const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+template cudaError_t RunFlashFwdSm90V3Impl<128, __nv_bfloat16>(const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
 }  // namespace attnserve

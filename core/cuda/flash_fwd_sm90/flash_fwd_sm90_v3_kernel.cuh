@@ -3,15 +3,16 @@
 // Same roles, math, tile layout, register split and per-stage protocol as v2; what changes:
 // - Grid = min(#SMs, #work items), one CTA per SM. A work item is (query-block row, head,
 //   batch * seg) of the space v2's grid enumerates; CTA b runs items b, b + gridDim.x, ...
-//   Two item orders (kernel argument `pos_major`, chosen by the launcher):
-//   - position-major (implicit dense / causal layouts): item -> (position, head, z) with the
-//     position slowest, so the heavy-first walk (the implicit causal layout from its last row
-//     down, or row_order) orders the whole item list, not each head's share of it;
-//   - head-major (CSR layouts): item -> (head, z) slowest, position fastest (row_order within a
-//     head), as v2's grid enumerates its CTAs. The CTAs running at one time then read the K/V
-//     of one head (32 MB at N = 65536, D = 128), which stays in L2, and not of every head
-//     (position-major: 16 heads' K/V, 512 MB, is streamed from HBM again by each of the ~5 rows
-//     that keep a block when the layout is random).
+//   Item order (kernel argument `head_group`, chosen by the launcher; DecodeItem): the (head,
+//   batch * seg) pairs are cut into groups of head_group; a group's items come before the next
+//   group's, position slowest inside a group, so the heavy-first walk (the implicit causal layout
+//   from its last row down, or row_order) orders each group's items, and the CTAs running at one
+//   time read the K/V of one group's heads, which the launcher sizes to stay in L2. head_group =
+//   all pairs is position-major, 1 is head-major. (Measured on an H200, dense D = 128, 16 heads:
+//   head-major against position-major +5% at N = 16384 and +14% at N = 65536 non-causal, +9% at
+//   65536 causal, but -29% at 16384 causal, where one head's 128 rows heavy-first over 132 CTAs
+//   leave a tail, and groups of 3 heads still -10% there; bench/results/h200-2026-11-25-kernel/
+//   order/.)
 // - The K/V ring continues across items: every tile of the CTA has a global index G (tiles of
 //   earlier items of this CTA + e); stage = G % kStages, full/empty parity from G / kStages, and
 //   producer warp G % kProducerWarps loads it. No barrier is ever re-initialised.
@@ -58,7 +59,10 @@ struct Sm90V3Traits : Sm90V2Traits<kHeadDim_, Elem_> {
   static constexpr int kBarOffset = V2::kTileBytes * (1 + 2 * V2::kStages);
   static constexpr int kMetaOffset = kBarOffset + 8 * (2 * V2::kStages + 2);
   static constexpr int kItemMetaOffset = kMetaOffset + 8 * V2::kStages;
-  static constexpr int kSmemBytes = kItemMetaOffset + 16 + 1024;
+  // Split K/V barriers of the overlapped consumer: full_v[kStages], empty_v[kStages] (full and
+  // empty above then guard the K halves of the stages only).
+  static constexpr int kVBarOffset = kItemMetaOffset + 16;
+  static constexpr int kSmemBytes = kVBarOffset + 16 * V2::kStages + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
 };
 
@@ -70,7 +74,7 @@ struct Sm90V3Traits : Sm90V2Traits<kHeadDim_, Elem_> {
 template <typename Traits>
 __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
                                                     const WarpSpecializedSmem& sm, int num_items,
-                                                    bool pos_major, int64_t nk, int warp,
+                                                    int head_group, int64_t nk, int warp,
                                                     int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kProducerWarps = Traits::kProducerWarps;
@@ -79,7 +83,7 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
   for (int item = static_cast<int>(blockIdx.x); item < num_items;
        item += static_cast<int>(gridDim.x)) {
     int row, y, z;
-    DecodeItem(p, item, hz, pos_major, row, y, z);
+    DecodeItem(p, item, hz, head_group, row, y, z);
     int64_t begin = 0;
     int count;
     ItemRange(p, row, begin, count);
@@ -105,10 +109,14 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
 // for them nor fences, so every free stage has a tile in flight (cp.async producers wait for
 // their own copies before they publish, one tile per warp). Rows past the key end are
 // zero-filled by the TMA unit (the map's row extent is the key count).
-template <typename Traits>
+// kSplitKv (the overlapped consumer): K and V of a stage have their own barriers (K: full/empty,
+// V: full_v/empty_v), since the consumer is done with K(e) after S(e) but reads V(e) a tile later;
+// K of a stage can then reload while its V is still being read.
+template <typename Traits, bool kSplitKv>
 __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
                                                        const WarpSpecializedSmem& sm,
-                                                       int num_items, bool pos_major,
+                                                       uint32_t bar_full_v, uint32_t bar_empty_v,
+                                                       int num_items, int head_group,
                                                        const CUtensorMap* tma_k,
                                                        const CUtensorMap* tma_v, int lane) {
   constexpr int kBlock = Traits::kBlock;
@@ -122,7 +130,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   for (int item = static_cast<int>(blockIdx.x); item < num_items;
        item += static_cast<int>(gridDim.x)) {
     int row, y, z;
-    DecodeItem(p, item, hz, pos_major, row, y, z);
+    DecodeItem(p, item, hz, head_group, row, y, z);
     int64_t begin = 0;
     int count;
     ItemRange(p, row, begin, count);
@@ -140,14 +148,31 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
         sm.meta[2 * stage] = blk;
         sm.meta[2 * stage + 1] = mask;
         const uint32_t bar = sm.bar_full + 8 * stage;
-        MbarArriveExpectTx(bar, 2u * Traits::kTileBytes);
         const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
         const int k0 = blk * kBlock;
+        if constexpr (kSplitKv) {
+          MbarArriveExpectTx(bar, Traits::kTileBytes);
 #pragma unroll
-        for (int panel = 0; panel < kPanels; ++panel) {
-          const uint32_t at = k_tile + panel * Traits::kPanelBytes;
-          TmaLoad5d(at, tma_k, bar, panel * 64, k0, kv_head, seg, batch);
-          TmaLoad5d(at + Traits::kTileBytes, tma_v, bar, panel * 64, k0, kv_head, seg, batch);
+          for (int panel = 0; panel < kPanels; ++panel) {
+            TmaLoad5d(k_tile + panel * Traits::kPanelBytes, tma_k, bar, panel * 64, k0, kv_head,
+                      seg, batch);
+          }
+          if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
+          const uint32_t bar_v = bar_full_v + 8 * stage;
+          MbarArriveExpectTx(bar_v, Traits::kTileBytes);
+#pragma unroll
+          for (int panel = 0; panel < kPanels; ++panel) {
+            TmaLoad5d(k_tile + Traits::kTileBytes + panel * Traits::kPanelBytes, tma_v, bar_v,
+                      panel * 64, k0, kv_head, seg, batch);
+          }
+        } else {
+          MbarArriveExpectTx(bar, 2u * Traits::kTileBytes);
+#pragma unroll
+          for (int panel = 0; panel < kPanels; ++panel) {
+            const uint32_t at = k_tile + panel * Traits::kPanelBytes;
+            TmaLoad5d(at, tma_k, bar, panel * 64, k0, kv_head, seg, batch);
+            TmaLoad5d(at + Traits::kTileBytes, tma_v, bar, panel * 64, k0, kv_head, seg, batch);
+          }
         }
       }
     }
@@ -166,7 +191,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
 template <typename Traits, bool kTma>
 __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
                                                    const WarpSpecializedSmem& sm, int* item_meta,
-                                                   int num_items, bool pos_major,
+                                                   int num_items, int head_group,
                                                    const CUtensorMap* tma_q, int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kBlock = Traits::kBlock;
@@ -177,7 +202,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   uint32_t local = 0;  // items of this CTA so far
   for (int item = static_cast<int>(blockIdx.x); item < num_items; item += item_step, ++local) {
     int row, y, z;
-    DecodeItem(p, item, hz, pos_major, row, y, z);
+    DecodeItem(p, item, hz, head_group, row, y, z);
     int64_t begin = 0;
     int count;
     ItemRange(p, row, begin, count);
@@ -214,7 +239,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     }
     const int next = item + item_step;
     if (next < num_items) {
-      DecodeItem(p, next, hz, pos_major, row, y, z);
+      DecodeItem(p, next, hz, head_group, row, y, z);
       const Elem* qn = QBase<Elem>(p, y, z);
       const int64_t r0 = static_cast<int64_t>(row) * kBlock + lane;
       const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), n - r0));
@@ -229,36 +254,42 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 
 // The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
 // the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
-// window (IssueScoresAndPV); S(e) is waited for first (the older group), masked and turned into
-// P(e) while the P V GEMM still runs; then that GEMM is waited for, stage e - 1 goes back to the
-// producer, and O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1) + P_(e-1) V_(e-1)): the
-// rescale must follow the GEMM that accumulates into O). The last P V runs after the loop. Cost:
-// a stage is held one tile longer (its V is read during the next tile's step), so one tile loads
-// ahead of the consumers instead of two; and P(e-1) (32 registers) is live next to S(e) and O.
+// window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
+// producer, S(e) is masked and turned into P(e) while the P V GEMM still runs; then that GEMM is
+// waited for, V(e-1) goes back, and O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1) +
+// P_(e-1) V_(e-1)): the rescale must follow the GEMM that accumulates into O). The last P V runs
+// after the loop. K and V have separate barriers (full / empty for K, full_v / empty_v for V,
+// ProducePersistentKvTma<.., true>): V(e) is read a tile after K(e), and a shared stage barrier
+// would hold K's half idle for that tile (measured: with one barrier per stage the overlap was
+// 4-30% slower, bench/results/h200-2026-11-25-kernel/). P(e-1) (32 registers) is live next to
+// S(e) and O.
 // on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
 // persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
 // C++ branch on "last" in the loop would make ptxas serialize the wgmma).
 template <typename Traits, typename OnScores>
 __device__ __forceinline__ void ConsumeItemOverlapped(
-    const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t gbase, int count, int wg,
-    int lane, const ConsumerRow& cr, const ThreadRows& rows, int64_t nk,
-    float (&acc_o)[Traits::kHeadDim / 2], OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax,
-    OnScores on_scores) {
+    const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
+    uint32_t bar_empty_v, uint32_t gbase, int count, int wg, int lane, const ConsumerRow& cr,
+    const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
+    OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, OnScores on_scores) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kStages = Traits::kStages;
   constexpr uint32_t kTileBytes = Traits::kTileBytes;
   uint32_t pa[kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
   bool pending = false;         // a P V GEMM is owed for stage pending_stage (warpgroup-uniform)
   int pending_stage = 0;
+  uint32_t pending_parity = 0;
   for (int e = 0; e < count; ++e) {
     const uint32_t gi = gbase + static_cast<uint32_t>(e);
     const int stage = static_cast<int>(gi % kStages);
-    MbarWait(sm.bar_full + 8 * stage, (gi / kStages) & 1u);
+    const uint32_t parity = (gi / kStages) & 1u;
+    MbarWait(sm.bar_full + 8 * stage, parity);
     const int mask = sm.meta[2 * stage + 1];
     const int64_t k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
     const bool work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
     const uint32_t k_tile = sm.kv + stage * 2u * kTileBytes;
     const uint32_t pending_v = sm.kv + pending_stage * 2u * kTileBytes + kTileBytes;
+    if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
 
     float s[kBlock / 2];
     PingPongBeforeScores(wg, e == 0);
@@ -266,6 +297,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     PingPongAfterScores(wg, e + 1 == count);
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? lane : 1);
+    MbarArriveLane0(sm.bar_empty + 8 * stage, lane);  // K(e) read (or not needed)
     float alpha[2] = {1.f, 1.f};
     if (work) {
       ApplyMask<kBlock>(s, p, mask, k0, nk, rows.my_row0, rows.delta, rows.t);
@@ -274,25 +306,29 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     WgmmaWait<0>();
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
-    // The previous tile's V has been read: its stage goes back (no-op lane 1 when none is owed).
-    MbarArriveLane0(sm.bar_empty + 8 * pending_stage, pending ? lane : 1);
+    MbarArriveLane0(bar_empty_v + 8 * pending_stage, pending ? lane : 1);  // V(e-1) read
     if (work) {
       softmax.RescaleO(acc_o, alpha);
       PackP<typename Traits::Elem, kBlock>(s, pa);
+    } else {
+      // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
+      // after the release, so the release must not overtake the copy).
+      MbarWait(bar_full_v + 8 * stage, parity);
+      MbarArriveLane0(bar_empty_v + 8 * stage, lane);
     }
-    // A tile without work releases its own stage now; a tile with work owes its P V.
-    MbarArriveLane0(sm.bar_empty + 8 * stage, work ? 1 : lane);
     pending = work;
     pending_stage = work ? stage : pending_stage;
+    pending_parity = work ? parity : pending_parity;
   }
   if (pending) {
+    MbarWait(bar_full_v + 8 * pending_stage, pending_parity);
     float s[kBlock / 2];
     IssueScoresAndPV<Traits>(s, cr.q_wg, sm.kv, false, acc_o, pa,
                              sm.kv + pending_stage * 2u * kTileBytes + kTileBytes, true);
     WgmmaWait<0>();
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
-    MbarArriveLane0(sm.bar_empty + 8 * pending_stage, lane);
+    MbarArriveLane0(bar_empty_v + 8 * pending_stage, lane);
   }
 }
 
@@ -302,6 +338,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
 template <typename Traits, bool kOverlap>
 __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   const WarpSpecializedSmem& sm,
+                                                  uint32_t bar_full_v, uint32_t bar_empty_v,
                                                   const int* item_meta, int num_items, int64_t nk,
                                                   int wg, int warp, int lane) {
   constexpr int kBlock = Traits::kBlock;
@@ -332,7 +369,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
 
     if constexpr (kOverlap) {
-      ConsumeItemOverlapped<Traits>(p, sm, gbase, count, wg, lane, cr, rows, nk, acc_o, softmax,
+      ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, wg, lane, cr,
+                                    rows, nk, acc_o, softmax,
                                     [&](int arrive_lane) {
                                       MbarArriveLane0(bar_q_empty, arrive_lane);
                                     });
@@ -366,7 +404,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 // (K/V from kProducerWarps warps, Q from the next one; the maps are then not read).
 template <typename Traits, bool kOverlap, bool kTma>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const bool pos_major,
+    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const int head_group,
                          const __grid_constant__ CUtensorMap tma_q,
                          const __grid_constant__ CUtensorMap tma_k,
                          const __grid_constant__ CUtensorMap tma_v) {
@@ -383,10 +421,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+  // The overlapped consumer's V barriers (full_v[kStages], then empty_v[kStages]).
+  const uint32_t bar_full_v = sm.bar_full + (Traits::kVBarOffset - Traits::kBarOffset);
+  const uint32_t bar_empty_v = bar_full_v + 8 * Traits::kStages;
+  static_assert(!kOverlap || kTma, "the overlapped consumer's split K/V barriers need TMA loads");
 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
+      if constexpr (kOverlap) {
+        MbarInit(bar_full_v + 8 * s, 1);
+        MbarInit(bar_empty_v + 8 * s, 4 * Traits::kConsumerWarpgroups);
+      }
       // TMA: the one arrive.expect_tx of the issuing lane; cp.async: every lane of the producer
       // warp that loads the tile.
       MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
@@ -405,19 +451,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warp < Traits::kProducerWarps) {
       if constexpr (kTma) {
         if (warp == 0) {
-          ProducePersistentKvTma<Traits>(p, sm, num_items, pos_major, &tma_k, &tma_v, lane);
+          ProducePersistentKvTma<Traits, kOverlap>(p, sm, bar_full_v, bar_empty_v, num_items,
+                                                   head_group, &tma_k, &tma_v, lane);
         }
       } else {
-        ProducePersistentKv<Traits>(p, sm, num_items, pos_major, nk, warp, lane);
+        ProducePersistentKv<Traits>(p, sm, num_items, head_group, nk, warp, lane);
       }
     } else if (warp == Traits::kProducerWarps) {
-      ProducePersistentQ<Traits, kTma>(p, sm, item_meta, num_items, pos_major, &tma_q,
+      ProducePersistentQ<Traits, kTma>(p, sm, item_meta, num_items, head_group, &tma_q,
                                       lane);
     }
   } else {
     SetMaxNregInc<Traits::kConsumerRegs>();
-    ConsumePersistent<Traits, kOverlap>(p, sm, item_meta, num_items, nk, warpgroup - 1, warp,
-                                        lane);
+    ConsumePersistent<Traits, kOverlap>(p, sm, bar_full_v, bar_empty_v, item_meta, num_items, nk,
+                                        warpgroup - 1, warp, lane);
   }
 #else
   __trap();
