@@ -27,7 +27,7 @@ id="attnserve-smoke-$$"
 net="$id-net"
 passed=0 failed=0
 cleanup() {
-  docker rm -f "$id-server" "$id-prom" >/dev/null 2>&1 || true
+  docker rm -fv "$id-server" "$id-prom" >/dev/null 2>&1 || true
   docker network rm "$net" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT

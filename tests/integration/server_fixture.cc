@@ -243,6 +243,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const Server
         absl::StrCat("no port files after ", absl::FormatDuration(options.startup_timeout)));
   }
   server->target_ = absl::StrCat("127.0.0.1:", server->port_);
+  if (!options.wait_for_health) return server;
   absl::Status health = absl::UnknownError("not checked");
   while (absl::Now() < give_up) {
     if (!server->process_->Running()) return fail("the process ended");

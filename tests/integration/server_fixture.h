@@ -84,6 +84,9 @@ struct ServerOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string tls_server_name;
   std::string token;
+  // False: Start returns once the ports are open, without the health check (for a server that
+  // no client can reach, e.g. one serving an expired certificate).
+  bool wait_for_health = true;
 };
 
 // The real attnserve binary (ATTNSERVE_BINARY) on 127.0.0.1 with kernel-chosen ports.
