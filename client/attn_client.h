@@ -195,6 +195,13 @@ class AttnClient {
   absl::StatusOr<attnserve::v1::ContextStatus> AppendContext(
       const std::string& name, const HostTensor& k, const HostTensor& v,
       std::optional<int64_t> expect_tokens = std::nullopt, const CallOptions& options = {});
+  // The same rows read by the server from registered regions (callers on the server's host):
+  // `tokens` rows of K and of V, each region slice exactly tokens x kv_heads x head_dim elements
+  // of the context's dtype. The server copies them into the context before it answers, so the
+  // regions may be rewritten or unregistered once this returns.
+  absl::StatusOr<attnserve::v1::ContextStatus> AppendContextFromRegions(
+      const std::string& name, int64_t tokens, const TensorRegion& k, const TensorRegion& v,
+      std::optional<int64_t> expect_tokens = std::nullopt, const CallOptions& options = {});
   absl::StatusOr<attnserve::v1::ContextStatus> GetContext(const std::string& name,
                                                           const CallOptions& options = {});
   absl::StatusOr<attnserve::v1::DeleteContextResponse> DeleteContext(

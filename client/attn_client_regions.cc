@@ -138,6 +138,33 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContext(const std::string& n
   return response.context();
 }
 
+absl::StatusOr<v1::ContextStatus> AttnClient::AppendContextFromRegions(
+    const std::string& name, int64_t tokens, const TensorRegion& k, const TensorRegion& v,
+    std::optional<int64_t> expect_tokens, const CallOptions& options) {
+  grpc::ClientContext context;
+  if (options.timeout != absl::InfiniteDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  }
+  context.set_wait_for_ready(options.wait_for_ready);
+  v1::AppendContextResponse response;
+  auto writer = stub_->AppendContext(&context, &response);
+  v1::AppendContextRequest m;
+  v1::AppendContextHeader* h = m.mutable_header();
+  h->set_context(name);
+  h->set_tokens(tokens);
+  if (expect_tokens) h->set_expect_tokens(*expect_tokens);
+  for (auto [ref, region] : {std::pair{h->mutable_k_region(), &k},
+                             std::pair{h->mutable_v_region(), &v}}) {
+    ref->set_region(region->region);
+    ref->set_offset(region->offset);
+    ref->set_bytes(region->bytes);
+  }
+  if (writer->Write(m)) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.context();
+}
+
 absl::StatusOr<v1::ContextStatus> AttnClient::GetContext(const std::string& name,
                                                          const CallOptions& options) {
   v1::GetContextRequest request;

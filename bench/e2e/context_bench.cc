@@ -14,12 +14,9 @@
 //       [--q-lens 1,4,16] [--steps 20] [--json-out FILE]
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -27,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/v1/attnserve.grpc.pb.h"
+#include "bench/e2e/context_client.h"
 #include "bench/harness/flags.h"
 #include "bench/harness/run_record.h"
 #include "client/client_security.h"
@@ -54,93 +52,10 @@ namespace attnserve {
 namespace {
 
 namespace v1 = ::attnserve::v1;
-constexpr int64_t kChunk = (int64_t{4} << 20) - (int64_t{64} << 10);
-
-std::string RandomBf16(int64_t elems, uint32_t seed) {
-  std::string out(static_cast<size_t>(elems * 2), '\0');
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (int64_t i = 0; i < elems; ++i) {
-    const float f = u(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    const uint16_t h = static_cast<uint16_t>(bits >> 16);
-    std::memcpy(&out[static_cast<size_t>(i * 2)], &h, 2);
-  }
-  return out;
-}
-
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-template <typename Writer, typename Message>
-void WriteChunks(Writer& w, Message& m, v1::TensorKind kind, const std::string& bytes) {
-  for (size_t off = 0; off < bytes.size(); off += kChunk) {
-    m.Clear();
-    v1::TensorChunk* c = m.mutable_chunk();
-    c->set_tensor(kind);
-    c->set_offset(static_cast<int64_t>(off));
-    c->set_data(bytes.substr(off, std::min<size_t>(kChunk, bytes.size() - off)));
-    w->Write(m);
-  }
-}
-
-absl::Status Append(v1::AttentionService::Stub& stub, const std::string& name, int64_t rows,
-                    const std::string& k, const std::string& v) {
-  grpc::ClientContext ctx;
-  v1::AppendContextResponse resp;
-  auto w = stub.AppendContext(&ctx, &resp);
-  v1::AppendContextRequest m;
-  m.mutable_header()->set_context(name);
-  m.mutable_header()->set_tokens(rows);
-  w->Write(m);
-  WriteChunks(w, m, v1::TENSOR_K, k);
-  WriteChunks(w, m, v1::TENSOR_V, v);
-  w->WritesDone();
-  return FromGrpc(w->Finish(), "AppendContext");
-}
-
-struct CallFigures {
-  double wall_s = 0, kernel_s = 0, compute_s = 0, receive_s = 0, queue_s = 0;
-};
-
-// One Attend: header (+ K/V when not against a context), Q, then the response drained.
-absl::StatusOr<CallFigures> Attend(v1::AttentionService::Stub& stub, const v1::AttendHeader& h,
-                                   const std::string& q, const std::string* k,
-                                   const std::string* v) {
-  const absl::Time t0 = absl::Now();
-  grpc::ClientContext ctx;
-  auto s = stub.Attend(&ctx);
-  v1::AttendRequest m;
-  *m.mutable_header() = h;
-  s->Write(m);
-  WriteChunks(s, m, v1::TENSOR_Q, q);
-  if (k != nullptr) WriteChunks(s, m, v1::TENSOR_K, *k);
-  if (v != nullptr) WriteChunks(s, m, v1::TENSOR_V, *v);
-  s->WritesDone();
-  v1::AttendResponse r;
-  CallFigures f;
-  while (s->Read(&r)) {
-    if (r.has_header()) {
-      f.kernel_s = r.header().kernel_seconds();
-      f.compute_s = r.header().compute_seconds();
-      f.receive_s = r.header().receive_seconds();
-      f.queue_s = r.header().queue_seconds();
-    }
-  }
-  ATTN_RETURN_IF_ERROR(FromGrpc(s->Finish(), "Attend"));
-  f.wall_s = absl::ToDoubleSeconds(absl::Now() - t0);
-  return f;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::AppendRows;
+using bench::CallFigures;
+using bench::Median;
+using bench::RandomBf16;
 
 absl::Status Run() {
   grpc::ChannelArguments args;
@@ -176,7 +91,7 @@ absl::Status Run() {
     req.set_head_dim(d);
     req.set_capacity_tokens(n);
     v1::CreateContextResponse resp;
-    ATTN_RETURN_IF_ERROR(FromGrpc(stub->CreateContext(&ctx, req, &resp), "CreateContext"));
+    ATTN_RETURN_IF_ERROR(bench::FromGrpc(stub->CreateContext(&ctx, req, &resp), "CreateContext"));
   }
   v1::AttendHeader h;
   h.set_dtype(v1::DTYPE_BF16);
@@ -191,7 +106,7 @@ absl::Status Run() {
   const std::string k = RandomBf16(rows * hkv * d, 2), v = RandomBf16(rows * hkv * d, 3);
   if (!prefill) {
     const absl::Time t0 = absl::Now();
-    for (int64_t at = 0; at < n; at += rows) ATTN_RETURN_IF_ERROR(Append(*stub, name, rows, k, v));
+    for (int64_t at = 0; at < n; at += rows) ATTN_RETURN_IF_ERROR(AppendRows(*stub, name, rows, k, v));
     const double append_s = absl::ToDoubleSeconds(absl::Now() - t0);
     std::printf("context %s: %lld rows appended in %.2f s\n", name.c_str(),
                 static_cast<long long>(n), append_s);
@@ -204,7 +119,7 @@ absl::Status Run() {
       dh.set_context(name);
       std::vector<double> wall, kernel, compute, receive, queue;
       for (int i = 0; i < absl::GetFlag(FLAGS_steps) + 3; ++i) {
-        ATTN_ASSIGN_OR_RETURN(CallFigures f, Attend(*stub, dh, q, nullptr, nullptr));
+        ATTN_ASSIGN_OR_RETURN(CallFigures f, bench::TimedAttend(*stub, dh, q, nullptr, nullptr));
         if (i >= 3) {
           wall.push_back(f.wall_s);
           kernel.push_back(f.kernel_s);
@@ -236,11 +151,11 @@ absl::Status Run() {
     double kernels = 0;
     const absl::Time t0 = absl::Now();
     for (int64_t at = 0; at < n; at += rows) {
-      ATTN_RETURN_IF_ERROR(Append(*stub, name, rows, k, v));
+      ATTN_RETURN_IF_ERROR(AppendRows(*stub, name, rows, k, v));
       v1::AttendHeader ch = h;
       ch.set_tokens(rows);
       ch.set_context(name);
-      ATTN_ASSIGN_OR_RETURN(CallFigures f, Attend(*stub, ch, q, nullptr, nullptr));
+      ATTN_ASSIGN_OR_RETURN(CallFigures f, bench::TimedAttend(*stub, ch, q, nullptr, nullptr));
       kernels += f.kernel_s;
     }
     const double chunked_s = absl::ToDoubleSeconds(absl::Now() - t0);
@@ -255,7 +170,7 @@ absl::Status Run() {
     v1::DeleteContextRequest req;
     req.set_name(name);
     v1::DeleteContextResponse resp;
-    ATTN_RETURN_IF_ERROR(FromGrpc(stub->DeleteContext(&ctx, req, &resp), "DeleteContext"));
+    ATTN_RETURN_IF_ERROR(bench::FromGrpc(stub->DeleteContext(&ctx, req, &resp), "DeleteContext"));
   }
   if (!absl::GetFlag(FLAGS_json_out).empty()) {
     ATTN_RETURN_IF_ERROR(bench::WriteJsonOut(absl::GetFlag(FLAGS_json_out), out));

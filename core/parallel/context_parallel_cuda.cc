@@ -68,6 +68,7 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     if (lease.created && env_.on_nccl_group_created) env_.on_nccl_group_created();
     nccl_group_ = std::move(lease.group);
     nccl_generation_ = lease.generation;
+    kernel_seconds_.assign(ranks, 0.0);
     return absl::OkStatus();
   }
 
@@ -99,6 +100,10 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     result.outputs = std::move(outputs_);
     result.info.engine = "flash_fwd";
     result.placement = Placement::kContextParallel;
+    // The shards' kernels run at the same time: the request's kernel time is the longest.
+    for (double s : kernel_seconds_) {
+      result.info.kernel_seconds = std::max(result.info.kernel_seconds, s);
+    }
     for (int r = 0; r < static_cast<int>(devices_.size()); ++r) result.ranks_used.push_back(r);
     return absl::OkStatus();
   }
@@ -109,7 +114,7 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     DeviceBuffer o, lse;
   };
 
-  absl::StatusOr<Partial> Compute(const KeyShard& shard, const KeyShardQuery& plan,
+  absl::StatusOr<Partial> Compute(int rank, const KeyShard& shard, const KeyShardQuery& plan,
                                   DeviceContext& ctx, RankFigures& figures) {
     const AttentionShape& s = request_.shape;
     const int64_t es = static_cast<int64_t>(DTypeSize(request_.dtype));
@@ -118,9 +123,13 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     ATTN_ASSIGN_OR_RETURN(DeviceBuffer q, DeviceBuffer::Create(*ctx.allocator, plan.q_rows * row));
     ATTN_ASSIGN_OR_RETURN(p.o, DeviceBuffer::Create(*ctx.allocator, plan.q_rows * row));
     ATTN_ASSIGN_OR_RETURN(p.lse, DeviceBuffer::Create(*ctx.allocator, s.q_heads * plan.q_rows * 4));
+    RunEvents events;  // the shard's kernel time, as a single-device run reports its own
+    ATTN_RETURN_IF_ERROR(events.Init());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.inputs_start(), ctx.stream));
     ATTN_RETURN_IF_ERROR(CopyToDevice(q.get(), request_.q.data() + plan.q_row0 * row,
                                       static_cast<size_t>(plan.q_rows * row), ctx.stream,
                                       ctx.copies));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.inputs_done(), ctx.stream));
     CudaAttentionPlan::Options options;
     options.kernel = env_.cuda.flash;
     ATTN_ASSIGN_OR_RETURN(std::unique_ptr<CudaAttentionPlan> attention,
@@ -128,10 +137,14 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
                                                     *ctx.allocator, ctx.stream, nullptr, options));
     ATTN_RETURN_IF_ERROR(attention->Run(q.get(), shard.k_dev.data, shard.v_dev.data, p.o.get(),
                                         p.lse.as<float>(), ctx.stream, &request_.cancel));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.kernels_done(), ctx.stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events.outputs_done(), ctx.stream));
     figures.flops = attention->flops();
     figures.tokens = static_cast<double>(plan.q_rows);
     // The plan's buffers and Q go back to the allocator only once the kernels are done.
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    double copy_seconds = 0;
+    events.Read(&copy_seconds, &kernel_seconds_[rank]);
     return p;
   }
 
@@ -168,7 +181,8 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     const WaitOptions wait{timeout, &request_.cancel};
     Partial own;
     if (plan.q_rows > 0) {
-      ATTN_ASSIGN_OR_RETURN(own, Compute(request_.key_shards[index], plan, ctx, figures));
+      ATTN_ASSIGN_OR_RETURN(own,
+                            Compute(rank, request_.key_shards[index], plan, ctx, figures));
     }
     const auto bytes = [&](const KeyShardQuery& p) {
       return std::pair<int64_t, int64_t>{p.q_rows * s.q_heads * s.head_dim * es,
@@ -241,6 +255,7 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
   std::vector<KeyShardQuery> plans_;  // by shard index
   std::vector<int> ordinals_;         // CUDA ordinals in rank order: the communicator cache key
   int root_ = 0;                      // the rank holding the context's first rows
+  std::vector<double> kernel_seconds_;  // by rank, each written by that rank's worker only
   std::shared_ptr<NcclGroup> nccl_group_;
   uint64_t nccl_generation_ = 0;
   AttentionOutputs outputs_;

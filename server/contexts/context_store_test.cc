@@ -130,6 +130,23 @@ TEST_F(ContextStoreTest, LimitsAnswerWithTheirCodes) {
             absl::StatusCode::kNotFound);
 }
 
+// --max-contexts: one more is RESOURCE_EXHAUSTED naming the flag; a delete makes room again.
+TEST_F(ContextStoreTest, MaxContextsBoundsHowManyAreHeld) {
+  ContextStoreOptions o;
+  o.memory_budget_bytes = 1 << 20;
+  o.initial_tokens = 4;
+  o.sweep_interval = absl::ZeroDuration();
+  o.max_contexts = 2;
+  auto store = *ContextStore::Create(o, {device_.get()});
+  ASSERT_TRUE(store->CreateContext("", Config("a")).ok());
+  ASSERT_TRUE(store->CreateContext("", Config("b")).ok());
+  const absl::Status third = store->CreateContext("", Config("c")).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_NE(third.message().find("max-contexts"), std::string::npos) << third;
+  ASSERT_TRUE(store->Delete("", "a").ok());
+  EXPECT_TRUE(store->CreateContext("", Config("c")).ok());
+}
+
 TEST_F(ContextStoreTest, DeleteWhileInUseFreesWhenTheRequestEnds) {
   auto store = MakeStore(1 << 20);
   const int64_t base = device_->Stats().memory_used_bytes;

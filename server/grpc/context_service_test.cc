@@ -83,6 +83,14 @@ TEST_F(ContextServiceTest, LifecycleMatchesReferenceAndFreesEverything) {
   ASSERT_TRUE(stub_->GetContext(&gctx, greq, &gresp).ok());
   EXPECT_EQ(gresp.context().tokens(), 600);
   EXPECT_EQ(gresp.context().attends(), 3);
+  // Describe lists it, and the gauge counts it, until it is deleted.
+  grpc::ClientContext desc_ctx;
+  v1::DescribeResponse desc;
+  ASSERT_TRUE(stub_->Describe(&desc_ctx, v1::DescribeRequest(), &desc).ok());
+  ASSERT_EQ(desc.contexts_size(), 1);
+  EXPECT_EQ(desc.contexts(0).name(), "c");
+  EXPECT_EQ(desc.contexts(0).tokens(), 600);
+  EXPECT_THAT(metrics_->RenderText(), HasSubstr("\nattnserve_contexts 1\n"));
   grpc::ClientContext dctx;
   v1::DeleteContextRequest dreq;
   dreq.set_name("c");
@@ -90,6 +98,11 @@ TEST_F(ContextServiceTest, LifecycleMatchesReferenceAndFreesEverything) {
   ASSERT_TRUE(stub_->DeleteContext(&dctx, dreq, &dresp).ok());
   ExpectBaseline();
   EXPECT_THAT(metrics_->RenderText(), HasSubstr("attnserve_context_bytes{device=\"cpu:0\"} 0\n"));
+  EXPECT_THAT(metrics_->RenderText(), HasSubstr("\nattnserve_contexts 0\n"));
+  grpc::ClientContext desc_after_ctx;
+  v1::DescribeResponse desc_after;
+  ASSERT_TRUE(stub_->Describe(&desc_after_ctx, v1::DescribeRequest(), &desc_after).ok());
+  EXPECT_EQ(desc_after.contexts_size(), 0);
 }
 
 // A delete while an attend reads the context: the delete answers at once (naming the request that
@@ -176,6 +189,11 @@ TEST_F(ContextServiceTest, DeleteDuringAttendLeavesTheAttendWhole) {
   // The attend let go: the rows' memory is back, on the device and in the metrics.
   ExpectBaseline();
   EXPECT_THAT(metrics_->RenderText(), HasSubstr("attnserve_context_bytes{device=\"cpu:0\"} 0\n"));
+  EXPECT_THAT(metrics_->RenderText(), HasSubstr("\nattnserve_contexts 0\n"));
+  grpc::ClientContext desc_after_ctx;
+  v1::DescribeResponse desc_after;
+  ASSERT_TRUE(stub_->Describe(&desc_after_ctx, v1::DescribeRequest(), &desc_after).ok());
+  EXPECT_EQ(desc_after.contexts_size(), 0);
 }
 
 TEST_F(ContextServiceTest, MisuseAnswersWithItsCode) {
@@ -196,6 +214,17 @@ TEST_F(ContextServiceTest, MisuseAnswersWithItsCode) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(r.status.error_message(), HasSubstr("header.kv_heads"));
   h.set_kv_heads(2);
+  // Q of another dtype or head dim than the context's rows.
+  v1::AttendHeader wrong = h;
+  wrong.set_dtype(v1::DTYPE_F32);
+  r = Attend(stub_.get(), wrong, Inputs{MakeInputs(wrong, 1).q, HostTensor(), HostTensor()}, 4096);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("header.dtype: f32, but context 'fixed' has bf16"));
+  wrong = h;
+  wrong.set_head_dim(128);
+  r = Attend(stub_.get(), wrong, Inputs{MakeInputs(wrong, 1).q, HostTensor(), HostTensor()}, 4096);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("header.head_dim: 128, but context 'fixed' has 64"));
   r = Attend(stub_.get(), h, q, 4096);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   grpc::ClientContext gctx;

@@ -176,6 +176,51 @@ TEST_F(ShmTest, RegionRequestsMatchTheReference) {
   }
 }
 
+// A context's rows appended from a region (two appends, the second checked by expect_tokens):
+// the server copies them, so the attends after the region is unregistered and overwritten still
+// equal the float64 reference of the whole problem.
+TEST_F(ShmTest, ContextRowsAppendedFromARegion) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  auto p = MakeProblem(DType::kBF16, 1, 300, 4, 2, 64,
+                       SpecFromJson(R"({"dense": {}, "causal": true})"), seed);
+  ASSERT_TRUE(p.ok());
+  const Layout l = LayoutFor(*p);
+  auto shm = SharedMemoryRegion::Create(l.total);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  Fill(*p, l, **shm);
+  ASSERT_TRUE(client_->RegisterSystemRegion("rows", (*shm)->key(), 0, l.total).ok());
+  ASSERT_TRUE(client_->CreateContext("from_region", DType::kBF16, 2, 64).ok());
+  const int64_t row_bytes = 2 * 64 * 2, first = 128;  // 128 rows: slices stay 64-byte aligned
+  auto a = client_->AppendContextFromRegions(
+      "from_region", first, TensorRegion{"rows", l.k, first * row_bytes},
+      TensorRegion{"rows", l.v, first * row_bytes}, /*expect_tokens=*/0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = client_->AppendContextFromRegions(
+      "from_region", 300 - first,
+      TensorRegion{"rows", l.k + first * row_bytes, (300 - first) * row_bytes},
+      TensorRegion{"rows", l.v + first * row_bytes, (300 - first) * row_bytes}, first);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->tokens(), 300);
+  // A slice of the wrong size is refused naming the field.
+  auto bad = client_->AppendContextFromRegions("from_region", 1, TensorRegion{"rows", l.k, 64},
+                                               TensorRegion{"rows", l.v, row_bytes});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("header.k_region"), std::string::npos) << bad.status();
+  ASSERT_TRUE(client_->UnregisterRegion("rows").ok());
+  std::memset((*shm)->data() + l.k, 0x7F, 2 * l.kv_bytes);  // the context holds its own copy
+  AttendInput in;
+  in.q = &p->q;
+  in.spec = p->spec;
+  in.context = "from_region";
+  in.shape = AttentionShape{1, 300, 4, 2, 64};
+  auto r = client_->Attend(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::Status s = CheckResult(*p, *r, OTolerance(DType::kBF16), LseTolerance(DType::kBF16));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(client_->DeleteContext("from_region").ok());
+}
+
 // Q from a region, K and V streamed, outputs streamed back.
 TEST_F(ShmTest, MixedRegionAndChunks) {
   const uint64_t seed = FreshSeed();
