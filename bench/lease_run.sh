@@ -2,7 +2,7 @@
 # One 2-GPU lease (nvidia-h200-x2), after `source .gpu-bundle/env.sh`: correctness of everything new
 # first, then the figures the open issues ask for. Usage: OUT=<dir> bash bench/lease_run.sh [parts]
 # parts (default "kernel sparse ring longest service scaling"):
-#   kernel   flash_sm90_test once per sm90 variant ($LEASE_VARIANTS, default "v1 v2"; the wgmma
+#   kernel   flash_sm90_test once per sm90 variant ($LEASE_VARIANTS, default "v1 v3"; the wgmma
 #            kernel forced, vs the float64 reference); cudnn_sdpa_test's piece tests;
 #            cuda_attention_test through the default dispatch with each variant that passed. When
 #            v1 fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
@@ -38,9 +38,8 @@ timeout 10 nvidia-smi --query-gpu=index,name,memory.total,driver_version --forma
 if has kernel; then
   D="$R/kernel"; mkdir -p "$D"
   # The Hopper kernel, one process per variant (a hang in one cannot lose the other's results).
-  V2_OK=0
   VARIANTS_OK=""
-  for V in ${LEASE_VARIANTS:-v1 v2}; do
+  for V in ${LEASE_VARIANTS:-v1 v3}; do
     CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_TEST_VARIANTS=$V timeout -k 5 120 "$BIN/flash_sm90_test" \
       --gtest_color=no --gtest_output="json:$D/flash_sm90_test_$V.json" > "$D/flash_sm90_test_$V.log" 2>&1
     rc=$?
@@ -50,7 +49,6 @@ if has kernel; then
       export ATTNSERVE_FLASH_KERNEL=sm80
       say "flash_sm90_test (v1) failed: ATTNSERVE_FLASH_KERNEL=sm80 for everything below"
     fi
-    [ $V = v2 ] && [ $rc -eq 0 ] && V2_OK=1
     [ $rc -eq 0 ] && VARIANTS_OK="$VARIANTS_OK $V"
   done
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 60 "$BIN/cudnn_sdpa_test" --gtest_color=no \
@@ -68,7 +66,7 @@ if has sparse; then
   D="$R/sparse"; mkdir -p "$D" /tmp/attn_csr
   CASES=dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99
   RUNS="sm80:v1:"
-  for V in ${VARIANTS_OK:-v1 v2}; do RUNS="$RUNS sm90:$V:"; done
+  for V in ${VARIANTS_OK:-v1 v3}; do RUNS="$RUNS sm90:$V:"; done
   RUNS="$RUNS sm90:auto:"
   for X in ${LEASE_EXTRA_RUNS:-}; do RUNS="$RUNS sm90:$X"; done
   for KVO in $RUNS; do
@@ -82,7 +80,7 @@ if has sparse; then
     cat "$D/bench_$TAG.md" >> "$SUMMARY" 2>/dev/null
   done
   # FlexAttention / PyTorch SDPA on the same cases and CSR, in the same lease.
-  OURS="$D/bench_sm90v2.json"; [ -f "$OURS" ] || OURS="$D/bench_sm90v1.json"
+  OURS="$D/bench_sm90v3.json"; [ -f "$OURS" ] || OURS="$D/bench_sm90v1.json"
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 100 "$PY" bench/compare_torch.py --ours="$OURS" \
     --csr_dir=/tmp/attn_csr --json="$D/compare.json" --md="$D/compare.md" --cbm_timeout=30 \
     >> "$D/bench.log" 2>&1
@@ -94,7 +92,7 @@ fi
 if has profile && command -v ncu > /dev/null; then
   D="$R/profile"; mkdir -p "$D" /tmp/attn_csr
   M=dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active
-  for V in ${LEASE_PROFILE_VARIANTS:-v2 v4}; do
+  for V in ${LEASE_PROFILE_VARIANTS:-v3}; do
     for C in sparse_random_s99 sparse_local_window_s99; do
       CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_VARIANT=$V timeout -k 5 60 ncu --clock-control none \
         --kernel-name regex:FlashFwdSm90 --launch-skip 1 --launch-count 1 --metrics "$M" --csv \

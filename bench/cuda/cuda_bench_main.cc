@@ -2,11 +2,11 @@
 // markdown table.
 //   attnbench_cuda [--cases=all|dense,sparse,...] [--warmup=3] [--iters=10] [--device=0]
 //                  [--json=PATH] [--md=PATH] [--csr_dir=DIR] [--list]
-//                  [--kernel=auto|sm80|sm90] [--sm90-schedule=v1|v2|v3|single_tile|...]
+//                  [--kernel=auto|sm80|sm90] [--sm90-schedule=single_tile|persistent|v1|v3]
 // --kernel and --sm90-schedule pick the flash kernel; the environment (ATTNSERVE_FLASH_KERNEL,
 // ATTNSERVE_SM90_VARIANT, ATTNSERVE_SM90_V3_MAX_CTAS, ATTNSERVE_SM90_V3_ORDER,
 // ATTNSERVE_ATTENTION_ENGINE) overrides them, read once at start; rows report the kernel that ran
-// (flash_kernel: sm80, sm90, sm90v2, sm90v3).
+// (flash_kernel: sm80, sm90 (single tile), sm90v3 (persistent), decode, decode_sm90).
 // Exit code: 0 when every case's correctness check passed, 1 otherwise, 2 on setup errors.
 #include <cstdio>
 #include <fstream>
@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, csr_dir, "", "dump the block-sparse layouts here (.npy) f
 ABSL_FLAG(bool, list, false, "print the case names and exit");
 ABSL_FLAG(std::string, kernel, "auto", "flash kernel: auto|sm80|sm90");
 ABSL_FLAG(std::string, sm90_schedule, "",
-          "Hopper kernel schedule: single_tile|warp_specialized|persistent (or v1|v2|v3); "
+          "Hopper kernel schedule: single_tile|persistent (or v1|v3); "
           "empty: the default");
 ABSL_FLAG(bool, sm90_tma, true,
           "persistent Hopper schedule: load K and V by TMA where the tensors allow it (false: "

@@ -23,7 +23,7 @@
 namespace attnserve::bench {
 
 // The run's CUDA options: `kernel` (auto|sm80|sm90) and `sm90_schedule` (a Sm90Schedule name or
-// v1|v2|v3; empty: the default) as the flags give them, then CudaOptionsFromEnv's overrides
+// v1|v3; empty: the default) as the flags give them, then CudaOptionsFromEnv's overrides
 // (ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT, ... as the lease scripts set them), read once.
 absl::StatusOr<CudaOptions> BenchCudaOptions(std::string_view kernel,
                                              std::string_view sm90_schedule);
@@ -34,7 +34,8 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> MakeBenchPlan(
     cudaStream_t stream, const CudaOptions& options, const CompiledPattern* compiled = nullptr);
 
 // Enqueues one run of `plan` (no synchronization). `kernel` (optional) receives the flash kernel
-// the run launched, as FlashKernelName spells it: "sm80", "sm90" (single tile), "sm90v2", "sm90v3".
+// the run launched, as FlashKernelName spells it: "sm80", "sm90" (single tile), "sm90v3"
+// (persistent), "decode", "decode_sm90".
 absl::Status RunBenchPlan(const CudaAttentionPlan& plan, const void* q, const void* k,
                           const void* v, void* o, float* lse, cudaStream_t stream,
                           std::string* kernel = nullptr);

@@ -12,7 +12,7 @@
 // libcudnn loads on this host and cuDNN has an engine for the case; otherwise, and always for
 // block_sparse and dilated specs, on core/cuda's own flash_fwd kernels (CudaAttentionPlan). A case cuDNN refuses is remembered per (spec, shape, dtype) so it is not
 // retried on every request. RunInfo::engine says which ran ("cudnn" or "flash_fwd"), and
-// RunInfo::kernel which flash kernel (FlashKernelName: "sm80", "sm90", "sm90v2", "sm90v3") where
+// RunInfo::kernel which flash kernel (FlashKernelName: "sm80", "sm90", "sm90v3", ...) where
 // flash_fwd ran. In kCudnn mode a case cuDNN cannot run answers UNAVAILABLE (no libcudnn, or a
 // build without cudnn_frontend) or UNIMPLEMENTED (no cuDNN engine for it).
 #ifndef ATTNSERVE_CORE_CUDA_CUDA_DEVICE_H_

@@ -58,8 +58,6 @@ std::string_view Sm90ScheduleName(Sm90Schedule schedule) {
   switch (schedule) {
     case Sm90Schedule::kSingleTile:
       return "single_tile";
-    case Sm90Schedule::kWarpSpecialized:
-      return "warp_specialized";
     case Sm90Schedule::kPersistent:
       return "persistent";
   }
@@ -94,11 +92,12 @@ absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name, std:
 }
 
 absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name, std::string_view what) {
-  // v1 / v2 / v3: the names ATTNSERVE_SM90_VARIANT, bench scripts and result files use.
+  // v1 / v3: the names ATTNSERVE_SM90_VARIANT, bench scripts and result files use. v2 (and
+  // warp_specialized) named the removed one-CTA-per-tile warp-specialized schedule: refused, so
+  // that a script asking for it fails instead of silently measuring another kernel.
   if (name == "single_tile" || name == "v1") return Sm90Schedule::kSingleTile;
-  if (name == "warp_specialized" || name == "v2") return Sm90Schedule::kWarpSpecialized;
   if (name == "persistent" || name == "v3") return Sm90Schedule::kPersistent;
-  return Invalid(what, "single_tile, warp_specialized or persistent (or v1, v2, v3)", name);
+  return Invalid(what, "single_tile or persistent (or v1, v3)", name);
 }
 
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name, std::string_view what) {

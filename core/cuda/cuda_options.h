@@ -27,16 +27,17 @@ enum class AttentionEngine { kAuto, kOwn, kCudnn };
 enum class FlashKernelArch { kAuto, kSm80, kSm90 };
 
 // How the Hopper kernel walks its work (layout block 128; block 64 always runs kSingleTile).
-//   kSingleTile:      one CTA per (query block, head, batch); every thread loads (cp.async).
-//   kWarpSpecialized: one CTA per tile; a producer warpgroup feeds consumer warpgroups through
-//                     a ring of shared-memory stages (mbarriers, setmaxnreg).
-//   kPersistent:      warp-specialized on a persistent grid of min(#SMs, items) CTAs that walk
-//                     the work items; the default (measured fastest or equal on an H200,
-//                     bench/results/h200-2026-11-22c: equal to kWarpSpecialized dense, 2-3% faster
-//                     at 90% of block pairs skipped, 19-20% faster at 99%).
-// RunInfo::kernel and the bench results name the kernels "sm90", "sm90v2" and "sm90v3" in this
-// order (FlashKernelName, core/cuda/flash_fwd_sm90/flash_fwd_sm90.h).
-enum class Sm90Schedule { kSingleTile, kWarpSpecialized, kPersistent };
+//   kSingleTile:  one CTA per (query block, head, batch); every thread loads (cp.async).
+//   kPersistent:  warp-specialized (a producer warpgroup feeds consumer warpgroups through a ring
+//                 of shared-memory stages: mbarriers, setmaxnreg) on a persistent grid of
+//                 min(#SMs, items) CTAs that walk the work items; the default. The former
+//                 one-CTA-per-tile warp-specialized schedule was removed: this one was equal to
+//                 it dense and faster sparse on an H200 (bench/results/h200-2026-11-22c: 2-3% at
+//                 90% of block pairs skipped, 19-20% at 99%).
+// RunInfo::kernel and the bench results name the kernels "sm90" and "sm90v3" in this order
+// (FlashKernelName, core/cuda/flash_fwd_sm90/flash_fwd_sm90.h; older results also have "sm90v2",
+// the removed schedule).
+enum class Sm90Schedule { kSingleTile, kPersistent };
 
 // Order of the persistent schedule's work items: (head, batch, segment) pairs in groups, a
 // group's items position-major (heavy rows first where the layout says which).
@@ -97,14 +98,15 @@ absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
                                                      std::string_view what = "engine");
 absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name,
                                                      std::string_view what = "flash kernel");
-// Also takes the older names v1, v2, v3 for kSingleTile, kWarpSpecialized, kPersistent.
+// Also takes the older names v1 and v3 for kSingleTile and kPersistent; "warp_specialized" and
+// "v2" (the removed schedule) are INVALID_ARGUMENT like any unknown name.
 absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name,
                                                std::string_view what = "sm90 schedule");
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,
                                                  std::string_view what = "sm90 item order");
 
 // `base` with the environment's overrides applied, each read once here (unset or empty: keep):
-// ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v2|v3 or a
+// ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v3 or a
 // schedule name), ATTNSERVE_SM90_V3_MAX_CTAS (an integer >= 0), ATTNSERVE_SM90_V3_ORDER.
 // INVALID_ARGUMENT, naming the variable, for a value none of the parsers accepts.
 absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base = {});

@@ -8,21 +8,23 @@
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
 //   offsets (ring pieces), all three mask kinds, accumulate mode merging two key pieces;
 // - sm90 vs sm80 on N = 16384 (dense causal, block-sparse 90% skipped), in this file.
-// Every sm90 run is done once per schedule (single tile, warp-specialized, persistent; the last
-// two exist for layout block 128 only: block 64 runs the single-tile kernel under any), against
-// the same reference, and checks which kernel ran ("sm90" / "sm90v2" / "sm90v3"); the persistent
-// schedule runs once per work-item order (head- and position-major). The spec and piece cases
-// cap the persistent grid at kPersistentTestCtas CTAs, so that each CTA runs many work items of
-// different lengths (empty CSR rows included) back to back; the large cases run the full grid.
+// Every sm90 run is done once per schedule (single tile, persistent; the persistent one exists
+// for layout block 128 only: block 64 runs the single-tile kernel under either), against the same
+// reference, and checks which kernel ran ("sm90" / "sm90v3"); the persistent schedule runs once
+// per work-item order (head- and position-major). The spec and piece cases cap the persistent
+// grid at kPersistentTestCtas CTAs, so that each CTA runs many work items of different lengths
+// (empty CSR rows included) back to back; the large cases run the full grid.
 // Outputs are poisoned (0xFF bytes = NaN) before every launch; inputs are fresh seeded uniforms.
 // Skips where there is no GPU, the GPU is not compute capability 9.x, or the build lacks sm_90a.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_options.h"
@@ -178,7 +180,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
     if (schedule == Sm90Schedule::kSingleTile) {
       EXPECT_EQ(ran, FlashKernel::kSm90SingleTile);
     } else if (c.name.rfind("bs128_", 0) == 0) {
-      // Layout block 128: the warp-specialized / persistent kernel.
+      // Layout block 128: the persistent kernel.
       EXPECT_EQ(ran, ExpectedSm90Kernel(schedule, 128)) << FlashKernelName(ran);
     } else {
       // The plan picks the block of dense / window / dilated specs: the schedule's kernel at 128,
@@ -295,15 +297,23 @@ TEST(FlashSm90DispatchTest, ForcedUnsupportedIsUnimplemented) {
 TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
   EXPECT_EQ(ParseFlashKernelArch("bogus").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseSm90Schedule("v4").status().code(), absl::StatusCode::kInvalidArgument);
+  // The removed one-CTA-per-tile warp-specialized schedule: refused like an unknown name, and the
+  // message lists what is accepted.
+  for (const char* removed : {"v2", "warp_specialized"}) {
+    const absl::Status status = ParseSm90Schedule(removed, "--sm90-schedule").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << removed;
+    EXPECT_NE(status.message().find("single_tile or persistent"), std::string_view::npos)
+        << status.message();
+    EXPECT_NE(status.message().find("--sm90-schedule"), std::string_view::npos)
+        << status.message();
+  }
   EXPECT_EQ(ParseSm90ItemOrder("diagonal").status().code(), absl::StatusCode::kInvalidArgument);
   for (const FlashKernelArch a : {FlashKernelArch::kAuto, FlashKernelArch::kSm80,
                                   FlashKernelArch::kSm90}) {
     EXPECT_EQ(*ParseFlashKernelArch(FlashKernelArchName(a)), a);
   }
-  const std::pair<const char*, Sm90Schedule> old_names[] = {
-      {"v1", Sm90Schedule::kSingleTile},
-      {"v2", Sm90Schedule::kWarpSpecialized},
-      {"v3", Sm90Schedule::kPersistent}};
+  const std::pair<const char*, Sm90Schedule> old_names[] = {{"v1", Sm90Schedule::kSingleTile},
+                                                            {"v3", Sm90Schedule::kPersistent}};
   for (const auto& [name, schedule] : old_names) {
     auto parsed = ParseSm90Schedule(name);
     ASSERT_TRUE(parsed.ok()) << name;
@@ -317,7 +327,7 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,
-// v2 picks the warp-specialized schedule, v4 is a configuration error.
+// v1 picks the single-tile schedule; v2 (the removed schedule) and v4 are configuration errors.
 TEST(FlashSm90DispatchTest, EnvironmentOverridesAreReadOnce) {
   constexpr char kEnv[] = "ATTNSERVE_SM90_VARIANT";
   const char* old = std::getenv(kEnv);
@@ -326,10 +336,12 @@ TEST(FlashSm90DispatchTest, EnvironmentOverridesAreReadOnce) {
   auto options = CudaOptionsFromEnv();
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->flash.sm90_schedule, Sm90Schedule::kPersistent);
-  setenv(kEnv, "v2", 1);
+  setenv(kEnv, "v1", 1);
   options = CudaOptionsFromEnv();
   ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->flash.sm90_schedule, Sm90Schedule::kWarpSpecialized);
+  EXPECT_EQ(options->flash.sm90_schedule, Sm90Schedule::kSingleTile);
+  setenv(kEnv, "v2", 1);
+  EXPECT_EQ(CudaOptionsFromEnv().status().code(), absl::StatusCode::kInvalidArgument);
   setenv(kEnv, "v4", 1);
   EXPECT_EQ(CudaOptionsFromEnv().status().code(), absl::StatusCode::kInvalidArgument);
   if (old != nullptr) {
@@ -357,20 +369,19 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     c.shape = shape;
     c.dtype = DType::kBF16;
     SCOPED_TRACE(c.name);
-    // sm80, then sm90 single tile, warp-specialized and persistent (full persistent grid); each
-    // sm90 schedule is compared with sm80.
+    // sm80, then sm90 single tile and persistent (full persistent grid); each sm90 schedule is
+    // compared with sm80.
     // The last run is the persistent schedule with the intra-warpgroup overlap.
-    constexpr int kRuns = 5;
+    constexpr int kRuns = 4;
     HostTensor o[kRuns], lse[kRuns];
     FlashKernelOptions sm80;
     sm80.arch = FlashKernelArch::kSm80;
     const Sm90Schedule schedules[kRuns] = {Sm90Schedule::kSingleTile, Sm90Schedule::kSingleTile,
-                                           Sm90Schedule::kWarpSpecialized,
                                            Sm90Schedule::kPersistent, Sm90Schedule::kPersistent};
     for (int i = 0; i < kRuns; ++i) {
       if (i > 0 && !TestsSchedule(schedules[i])) continue;
       FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);
-      options.sm90_overlap = i == 4;
+      options.sm90_overlap = i == kRuns - 1;
       absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
       ASSERT_TRUE(run.ok()) << run.status();
       o[i] = std::move(run->o);
@@ -390,7 +401,7 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     for (int run = 1; run < kRuns; ++run) {
       if (!TestsSchedule(schedules[run])) continue;
       SCOPED_TRACE(absl::StrCat("sm90 ", std::string(Sm90ScheduleName(schedules[run])),
-                                run == 4 ? " overlap" : "", " vs sm80"));
+                                run == kRuns - 1 ? " overlap" : "", " vs sm80"));
       std::vector<float> a(o[0].numel()), b(o[run].numel()), la(lse[0].numel()),
           lb(lse[run].numel());
       o[0].ToFloat32(a.data());

@@ -26,18 +26,17 @@ inline constexpr double kLseTol = 2e-3;
 // odd count, so that items land on CTAs in shifting phases of the K/V ring). 0: the full grid.
 inline constexpr int kPersistentTestCtas = 3;
 
-// The schedules every sm90 case runs with: all three, or the comma-separated subset of
-// ATTNSERVE_SM90_TEST_VARIANTS (v1, v2, v3 or schedule names; bench/sm90_check.sh runs one
+// The schedules every sm90 case runs with: both, or the comma-separated subset of
+// ATTNSERVE_SM90_TEST_VARIANTS (v1, v3 or schedule names; bench/sm90_check.sh runs one
 // process per schedule, so that a hang in one cannot cost the others' results). This is the
 // test runner's own knob, not an attnserve option.
 inline std::vector<Sm90Schedule> TestSchedules() {
   const char* env = std::getenv("ATTNSERVE_SM90_TEST_VARIANTS");
   if (env == nullptr || *env == '\0') {
-    return {Sm90Schedule::kSingleTile, Sm90Schedule::kWarpSpecialized, Sm90Schedule::kPersistent};
+    return {Sm90Schedule::kSingleTile, Sm90Schedule::kPersistent};
   }
   std::vector<Sm90Schedule> out;
-  for (const Sm90Schedule s :
-       {Sm90Schedule::kSingleTile, Sm90Schedule::kWarpSpecialized, Sm90Schedule::kPersistent}) {
+  for (const Sm90Schedule s : {Sm90Schedule::kSingleTile, Sm90Schedule::kPersistent}) {
     for (absl::string_view name : absl::StrSplit(env, ',')) {
       const auto parsed = ParseSm90Schedule(std::string(name));
       if (parsed.ok() && *parsed == s) {
@@ -55,13 +54,11 @@ inline bool TestsSchedule(Sm90Schedule schedule) {
   return false;
 }
 
-// The kernel a forced-sm90 launch of `schedule` runs at layout block `block` (the warp-specialized
-// schedules exist for block 128 only).
+// The kernel a forced-sm90 launch of `schedule` runs at layout block `block` (the persistent
+// schedule exists for block 128 only).
 inline FlashKernel ExpectedSm90Kernel(Sm90Schedule schedule, int block) {
   if (block != 128) return FlashKernel::kSm90SingleTile;
   switch (schedule) {
-    case Sm90Schedule::kWarpSpecialized:
-      return FlashKernel::kSm90WarpSpecialized;
     case Sm90Schedule::kPersistent:
       return FlashKernel::kSm90Persistent;
     case Sm90Schedule::kSingleTile:

@@ -76,11 +76,9 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
         group = std::min(options.persistent_head_group,
                          std::max(1, p.num_heads * p.batch * p.num_segs));
       }
-      return RunFlashFwdSm90V3Impl<kHeadDim, Elem>(p, ctas, group, options.sm90_overlap,
-                                                   options.sm90_tma, stream);
+      return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, options.sm90_overlap,
+                                                           options.sm90_tma, stream);
     }
-    case FlashKernel::kSm90WarpSpecialized:
-      return RunFlashFwdSm90V2Impl<kHeadDim, Elem>(p, stream);
     case FlashKernel::kSm90SingleTile:
       return p.block_size == 64 ? RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream)
                                 : RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
@@ -187,8 +185,6 @@ std::string_view FlashKernelName(FlashKernel kernel) {
       return "sm80";
     case FlashKernel::kSm90SingleTile:
       return "sm90";
-    case FlashKernel::kSm90WarpSpecialized:
-      return "sm90v2";
     case FlashKernel::kSm90Persistent:
       return "sm90v3";
     case FlashKernel::kSplitKvDecode:
@@ -261,13 +257,11 @@ absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& p,
     }
     return FlashKernel::kSm80;
   }
-  // The warp-specialized schedules exist for layout block 128 only.
+  // The persistent schedule exists for layout block 128 only.
   if (p.block_size != 128) return FlashKernel::kSm90SingleTile;
   switch (options.sm90_schedule) {
     case Sm90Schedule::kSingleTile:
       return FlashKernel::kSm90SingleTile;
-    case Sm90Schedule::kWarpSpecialized:
-      return FlashKernel::kSm90WarpSpecialized;
     case Sm90Schedule::kPersistent:
       return FlashKernel::kSm90Persistent;
   }

@@ -20,17 +20,17 @@ namespace attnserve {
 // RunInfo::kernel use (kept from the first measurements so that figures stay comparable):
 //   kSm80                 "sm80"    flash_fwd (mma.sync, cp.async), any sm_80+
 //   kSm90SingleTile       "sm90"    wgmma, one CTA per tile, every thread loads (cp.async)
-//   kSm90WarpSpecialized  "sm90v2"  wgmma, producer warp + consumer warpgroups over a ring of
-//                                   shared-memory stages (layout block 128 only)
-//   kSm90Persistent       "sm90v3"  the warp-specialized kernel on a persistent grid
-//                                   (layout block 128 only)
+//   kSm90Persistent       "sm90v3"  wgmma, warp-specialized (producer warps + consumer
+//                                   warpgroups over a ring of shared-memory stages) on a
+//                                   persistent grid (layout block 128 only)
 //   kSplitKvDecode        "decode"  flash_decode: a few query rows against many keys, split over
 //                                   the keys and merged by LSE (core/cuda/flash_decode), mma.sync
 //   kSplitKvDecodeSm90    "decode_sm90"  the same with a wgmma consumer (sm_90a)
+// ("sm90v2", in older results, named a one-CTA-per-tile warp-specialized kernel, since removed:
+// core/cuda/NOTES.md.)
 enum class FlashKernel {
   kSm80,
   kSm90SingleTile,
-  kSm90WarpSpecialized,
   kSm90Persistent,
   kSplitKvDecode,
   kSplitKvDecodeSm90
@@ -56,7 +56,7 @@ bool CurrentDeviceIsSm90();
 //   arch kSm90: an sm90 kernel, or UNIMPLEMENTED naming why it cannot run (never a silent
 //               fallback).
 // The sm90 kernel is options.sm90_schedule's, except that layout block 64 always runs
-// kSm90SingleTile (the other schedules exist for block 128 only).
+// kSm90SingleTile (the persistent schedule exists for block 128 only).
 absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& params,
                                            const FlashKernelOptions& options);
 

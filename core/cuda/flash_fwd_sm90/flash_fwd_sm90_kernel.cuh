@@ -27,9 +27,10 @@
 //   P = exp2(...) packed in registers to the m64k16 A fragments; O += P V with wgmma
 //   m64n{kHeadDim}k16 RS. O: kHeadDim / 2 f32 registers per thread.
 // - The per-tile math (S GEMM, mask, online softmax, P packing, P V GEMM) and the epilogue are
-//   written once for the three Hopper kernels (this one, v2 warp-specialized, v3 persistent):
-//   flash_fwd_sm90_mainloop.cuh, _mask.cuh, _softmax.cuh, _epilogue.cuh; work decomposition in
-//   _tile_scheduler.cuh, PTX wrappers in _utils.cuh.
+//   written once for both Hopper forward kernels (this one and the persistent warp-specialized
+//   one, flash_fwd_sm90_persistent_kernel.cuh): flash_fwd_sm90_mainloop.cuh, _mask.cuh,
+//   _softmax.cuh, _epilogue.cuh; work decomposition in _tile_scheduler.cuh, PTX wrappers in
+//   _utils.cuh.
 // - K/V: kStages-deep cp.async ring (16-byte copies into the swizzled layout, zero-fill past the
 //   key end), gathered by col_idx; the load of tile t + kStages - 1 is issued before tile t's
 //   math, so kStages - 1 kept blocks are in flight behind the MMAs.

@@ -1,5 +1,6 @@
 // flash_fwd_sm90 launch: grid, shared memory and stream for one (head dim, block, dtype).
-// Included by the per-dtype .cu files, which instantiate RunFlashFwdSm90Impl.
+// Included by the per-dtype .cu files, which instantiate RunFlashFwdSm90Impl (single-tile kernel)
+// and RunFlashFwdSm90PersistentImpl (persistent kernel).
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
 
@@ -14,18 +15,15 @@ namespace attnserve {
 template <int kHeadDim, int kBlock, typename Elem>
 cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream);
 
-// v2 (warp-specialized, flash_fwd_sm90_v2_kernel.cuh): layout block 128 only.
-template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream);
-
-// v3 (persistent v2, flash_fwd_sm90_v3_kernel.cuh): layout block 128 only; grid = min(num_sms,
-// work items). head_group: (head, batch * segment) pairs per group of work items, position-major
-// inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
+// The persistent warp-specialized kernel (flash_fwd_sm90_persistent_kernel.cuh): layout block
+// 128 only; grid = min(num_sms, work items). head_group: (head, batch * segment) pairs per group
+// of work items, position-major inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
 // overlap: the consumers overlap each tile's softmax with the previous tile's P V GEMM.
 // tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
 template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, int head_group,
-                                  bool overlap, bool tma, cudaStream_t stream);
+cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
+                                          int head_group, bool overlap, bool tma,
+                                          cudaStream_t stream);
 
 // The persistent kernel's Q, K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, row, head,
 // segment, batch) over params' pointers and element strides, 128-byte swizzle, boxes of 64
@@ -44,8 +42,7 @@ cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaM
 
 #ifdef __CUDACC__
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v2_kernel.cuh"
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v3_kernel.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_persistent_kernel.cuh"
 
 namespace attnserve {
 
@@ -66,32 +63,17 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
 }
 
 template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V2Impl(const FlashFwdParams& params, cudaStream_t stream) {
-  using Traits = flash_sm90::Sm90V2Traits<kHeadDim, Elem>;
-  auto kernel = &flash_sm90::FlashFwdSm90V2Kernel<Traits>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(params.num_q_blocks),
-                  static_cast<unsigned>(params.num_heads),
-                  static_cast<unsigned>(params.batch * params.num_segs));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
-}
-
-template <int kHeadDim, typename Elem>
-cudaError_t RunFlashFwdSm90V3Impl(const FlashFwdParams& params, int num_sms, int head_group,
-                                  bool overlap, bool tma, cudaStream_t stream) {
-  using Traits = flash_sm90::Sm90V3Traits<kHeadDim, Elem>;
+cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
+                                          int head_group, bool overlap, bool tma,
+                                          cudaStream_t stream) {
+  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem>;
   Sm90TmaMaps maps{};
   if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps) != cudaSuccess) tma = false;
   // The overlapped consumer runs on TMA loads only (its split K/V barriers); without them the
   // sequential one runs.
-  auto kernel = tma ? (overlap ? &flash_sm90::FlashFwdSm90V3Kernel<Traits, true, true>
-                               : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, true>)
-                    : &flash_sm90::FlashFwdSm90V3Kernel<Traits, false, false>;
+  auto kernel = tma ? (overlap ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>
+                               : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, true>)
+                    : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, false>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

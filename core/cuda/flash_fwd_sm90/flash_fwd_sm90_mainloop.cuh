@@ -1,4 +1,4 @@
-// flash_fwd_sm90 consumer math of one key tile, shared by the three Hopper kernels: the S = Q K^T
+// flash_fwd_sm90 consumer math of one key tile, shared by the Hopper kernels: the S = Q K^T
 // wgmma (issue and wait kept apart, so that callers can place the ping-pong barrier between
 // them), P packing to register A fragments, and O += P V.
 //
@@ -7,7 +7,8 @@
 // anything that is not warpgroup-uniform: ptxas serializes every wgmma of a kernel when it cannot
 // prove the code around them warp-uniform (core/cuda/NOTES.md, C7515/C7518).
 //
-// Traits: Sm90Traits or Sm90V2Traits (Elem, kBF16, kBlock, kHeadDim, kPanelBytes).
+// Traits: Sm90Traits or Sm90PersistentTraits (Elem, kBF16, kBlock, kHeadDim, kPanelBytes); the
+// sm90 decode kernel passes FlashDecodeSm90Traits (core/cuda/flash_decode).
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_
 

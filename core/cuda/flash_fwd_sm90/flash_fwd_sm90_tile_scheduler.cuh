@@ -2,7 +2,7 @@
 // (batch, segment) a CTA or persistent work item runs, the row's kept key blocks (CSR range or
 // the implicit dense / causal row), and the per-(head, batch, segment) base pointers.
 //
-// (y, z) name the (head, batch * segment) pair the way the non-persistent grids do: y = grid.y
+// (y, z) name the (head, batch * segment) pair the way the single-tile grid does: y = grid.y
 // = head index (head = head_start + y * head_step), z = grid.z = batch * num_segs + seg.
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_

@@ -1,4 +1,4 @@
-// flash_fwd_sm90 PTX wrappers shared by the three Hopper kernels: cp.async, proxy fences,
+// flash_fwd_sm90 PTX wrappers shared by the Hopper kernels: cp.async, proxy fences,
 // wgmma fence/commit/wait, named barriers, mbarriers, setmaxnreg, the wgmma shared-memory
 // descriptor and the 128-byte-swizzled tile addressing (layout described in
 // flash_fwd_sm90_kernel.cuh).
@@ -107,7 +107,7 @@ __device__ __forceinline__ uint32_t TileOffset(int row, int chunk) {
   return static_cast<uint32_t>(panel * kRows * 128 + row * 128 + ((c ^ (row & 7)) << 4));
 }
 
-// ---- mbarriers and register reallocation (the warp-specialized kernels) ----
+// ---- mbarriers and register reallocation (the warp-specialized persistent kernel) ----
 
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");

@@ -1,8 +1,11 @@
-// flash_fwd_sm90 v3: the v2 kernel (flash_fwd_sm90_v2_kernel.cuh) made persistent.
-//
-// Same roles, math, tile layout, register split and per-stage protocol as v2; what changes:
+// flash_fwd_sm90 persistent kernel: the Hopper kernel's default schedule (reported as "sm90v3").
+// Warp-specialized (producer and consumer warpgroups: roles, register split, per-stage protocol
+// and the per-tile consumer are in flash_fwd_sm90_warp_specialized.cuh) on a persistent grid.
+// Layout block 128 only (block 64 runs the single-tile kernel, flash_fwd_sm90_kernel.cuh). What
+// the persistent grid adds:
 // - Grid = min(#SMs, #work items), one CTA per SM. A work item is (query-block row, head,
-//   batch * seg) of the space v2's grid enumerates; CTA b runs items b, b + gridDim.x, ...
+//   batch * seg) of the space the single-tile kernel's grid enumerates (one CTA per item there);
+//   CTA b runs items b, b + gridDim.x, ...
 //   Item order (kernel argument `head_group`, chosen by the launcher; DecodeItem): the (head,
 //   batch * seg) pairs are cut into groups of head_group; a group's items come before the next
 //   group's, position slowest inside a group, so the heavy-first walk (the implicit causal layout
@@ -31,38 +34,43 @@
 //   stall samples waiting for Q at 99% skipped.)
 //   Consumers wait on q_full (parity = local item count & 1) for EVERY item, also an empty one,
 //   so a phase is never skipped (a parity wait on a skipped phase would return at once).
-// - Ping-pong named barriers: v2's per-item protocol, unchanged (warpgroup 0 syncs barrier 2 for
-//   e > 0, warpgroup 1 arrives on it for e + 1 < count). Across items it stays balanced: warpgroup
-//   0's first arrive on barrier 1 in item j + 1 needs q_full(j + 1), hence q_empty(j), hence every
-//   warp of warpgroup 1 past its last barrier-1 sync of item j (its q_empty arrive follows it).
+// - Ping-pong named barriers: per item as PingPongBeforeScores / PingPongAfterScores say
+//   (warpgroup 0 syncs barrier 2 for e > 0, warpgroup 1 arrives on it for e + 1 < count). Across
+//   items it stays balanced: warpgroup 0's first arrive on barrier 1 in item j + 1 needs
+//   q_full(j + 1), hence q_empty(j), hence every warp of warpgroup 1 past its last barrier-1 sync
+//   of item j (its q_empty arrive follows it).
 // - Item metadata (query-block row, kept-tile count, head index, z) is published by the Q warp
 //   (lane 0) in an smem slot with Q (written after q_empty of the previous item, released
 //   by the q_full arrive): the consumers read it right after the q_full wait, so they do no
 //   dependent global loads (row_order, row_ptr) on their critical path between items.
-// - Every item's state (accumulators, max, sum) is reset per item; the epilogue is v2's (writes
-//   go straight from registers to global memory, so it overlaps the producer's smem writes).
-#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V3_KERNEL_CUH_
-#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V3_KERNEL_CUH_
+// - Every item's state (accumulators, max, sum) is reset per item; the epilogue
+//   (flash_fwd_sm90_epilogue.cuh) writes straight from registers to global memory, so it
+//   overlaps the producer's smem writes.
+// The former one-CTA-per-tile schedule with these roles (no item walk) was removed: on an H200
+// this kernel was equal to it dense, 2-3% faster at 90% of block pairs skipped and 19-20% faster
+// at 99% (bench/results/h200-2026-11-22c; core/cuda/NOTES.md).
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_PERSISTENT_KERNEL_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_PERSISTENT_KERNEL_CUH_
 
 #include <cuda.h>  // CUtensorMap (a plain struct; nothing of the driver library is linked)
 
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_v2_kernel.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_warp_specialized.cuh"
 
 namespace attnserve {
 namespace flash_sm90 {
 
 template <int kHeadDim_, typename Elem_>
-struct Sm90V3Traits : Sm90V2Traits<kHeadDim_, Elem_> {
-  using V2 = Sm90V2Traits<kHeadDim_, Elem_>;
+struct Sm90PersistentTraits : Sm90WarpSpecializedTraits<kHeadDim_, Elem_> {
+  using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_>;
   // Tiles, then the barriers: full[kStages], empty[kStages], q_full, q_empty (8 B each), then
   // per stage (key block, mask kind) as two int32, then the item's (row, count, y, z).
-  static constexpr int kBarOffset = V2::kTileBytes * (1 + 2 * V2::kStages);
-  static constexpr int kMetaOffset = kBarOffset + 8 * (2 * V2::kStages + 2);
-  static constexpr int kItemMetaOffset = kMetaOffset + 8 * V2::kStages;
+  static constexpr int kBarOffset = Roles::kTileBytes * (1 + 2 * Roles::kStages);
+  static constexpr int kMetaOffset = kBarOffset + 8 * (2 * Roles::kStages + 2);
+  static constexpr int kItemMetaOffset = kMetaOffset + 8 * Roles::kStages;
   // Split K/V barriers of the overlapped consumer: full_v[kStages], empty_v[kStages] (full and
   // empty above then guard the K halves of the stages only).
   static constexpr int kVBarOffset = kItemMetaOffset + 16;
-  static constexpr int kSmemBytes = kVBarOffset + 16 * V2::kStages + 1024;
+  static constexpr int kSmemBytes = kVBarOffset + 16 * Roles::kStages + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
 };
 
@@ -404,19 +412,20 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 // (K/V from kProducerWarps warps, Q from the next one; the maps are then not read).
 template <typename Traits, bool kOverlap, bool kTma>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    FlashFwdSm90V3Kernel(const FlashFwdParams p, const int num_items, const int head_group,
+    FlashFwdSm90PersistentKernel(const FlashFwdParams p, const int num_items, const int head_group,
                          const __grid_constant__ CUtensorMap tma_q,
                          const __grid_constant__ CUtensorMap tma_k,
                          const __grid_constant__ CUtensorMap tma_v) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   extern __shared__ unsigned char smem_raw[];
-  // v2's layout with v3's offsets (kMetaOffset moves by q_empty's 8 bytes); q_empty = bar_q + 8.
+  // Traits' offsets (kMetaOffset after q_empty's 8 bytes); q_empty = bar_q + 8.
   const WarpSpecializedSmem sm = MakeWarpSpecializedSmem<Traits>(smem_raw);
   int* const item_meta = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(sm.meta) +
                                                 (Traits::kItemMetaOffset - Traits::kMetaOffset));
 
   const int tid = static_cast<int>(threadIdx.x);
-  // Warp-uniform warpgroup index (see v2: keeps ptxas from serializing the consumers' wgmma).
+  // Warpgroup index made visibly warp-uniform (a shuffle from lane 0), so that ptxas sees the
+  // role branch below as non-divergent (otherwise it serializes the consumers' wgmma: C7518).
   const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -474,4 +483,4 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 }  // namespace flash_sm90
 }  // namespace attnserve
 
-#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_V3_KERNEL_CUH_
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_PERSISTENT_KERNEL_CUH_

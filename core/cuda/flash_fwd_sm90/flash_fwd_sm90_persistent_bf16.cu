@@ -1,0 +1,10 @@
+// Instantiations of the sm90 persistent (warp-specialized) kernel: bf16, head dims 64/128,
+// block 128.
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
+
+namespace attnserve {
+template cudaError_t RunFlashFwdSm90PersistentImpl<64, __nv_bfloat16>(
+    const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+template cudaError_t RunFlashFwdSm90PersistentImpl<128, __nv_bfloat16>(
+    const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+}  // namespace attnserve

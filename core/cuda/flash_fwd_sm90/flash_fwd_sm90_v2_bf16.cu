@@ -1,7 +1,0 @@
-// Instantiations of the sm90 v2 (warp-specialized) kernel: bf16, head dims 64/128, block 128.
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
-
-namespace attnserve {
-template cudaError_t RunFlashFwdSm90V2Impl<64, __nv_bfloat16>(const FlashFwdParams&, cudaStream_t);
-template cudaError_t RunFlashFwdSm90V2Impl<128, __nv_bfloat16>(const FlashFwdParams&, cudaStream_t);
-}  // namespace attnserve

@@ -1,8 +1,0 @@
-// Instantiations of the sm90 v3 (persistent warp-specialized) kernel: fp16, head dims 64/128,
-// block 128.
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
-
-namespace attnserve {
-template cudaError_t RunFlashFwdSm90V3Impl<64, __half>(const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
-template cudaError_t RunFlashFwdSm90V3Impl<128, __half>(const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
-}  // namespace attnserve

@@ -1,0 +1,239 @@
+// flash_fwd_sm90 warp specialization: the producer and consumer pieces of the warp-specialized
+// Hopper kernel (flash_fwd_sm90_persistent_kernel.cuh), kept apart from its grid and work-item
+// walk so that the per-stage protocol reads in one place. Math, shared-memory tile layout, wgmma
+// descriptors and epilogue are the single-tile kernel's (flash_fwd_sm90_kernel.cuh; the shared
+// functions of flash_fwd_sm90_mainloop, _mask, _softmax and _epilogue.cuh); what differs is who
+// loads and how the stages are handed over:
+// - CTA = 3 warpgroups (384 threads), layout block 128 only (block 64 runs the single-tile
+//   kernel): warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0 and 1 load K/V,
+//   warp 2 loads Q, warp 3 exits), warpgroups 1 and 2 = consumers (setmaxnreg.inc to
+//   kConsumerRegs), query rows [0, 64) and [64, 128) of the tile, exactly as the single-tile
+//   kernel's warpgroups 0 and 1.
+// - cp.async producer warps (ProduceKvTile, WarpLoadTile): 16-byte copies into the same swizzled
+//   layout with the same zero-fill past the key end as the single-tile kernel, of each kept K/V
+//   block into the kStages ring, tile e by warp e % 2. A warp issues its tile, waits for its own
+//   copies (cp.async.wait_group 0), runs fence.proxy.async.shared::cta in every writing lane (the
+//   writes are generic-proxy, wgmma reads through the async proxy; the fence is in the writing
+//   thread, before the release) and arrives on full[stage] (count 32: every lane of that warp).
+//   Two warps = two tiles loading at once, each published as soon as it landed. Lane 0 also
+//   stores (key block, mask kind) of the tile in a per-stage smem slot before the arrive, so
+//   consumers read no CSR from global memory. (The kernel's TMA producer keeps the slot and the
+//   barriers; its copies complete on full[stage] themselves.)
+// - Consumers (ConsumeTile) wait on full[stage] (parity = use count & 1), and after their last
+//   wgmma reading the stage completed (wgmma.wait_group 0 after P V), one lane per warp arrives on
+//   empty[stage] (count 8 = all consumer warps). The producer waits on empty[stage] before
+//   overwriting it. No __syncthreads in the loop; the warpgroup ping-pong is the single-tile
+//   kernel's (named barrier 1: warpgroup 1's S GEMM after warpgroup 0's) plus its mirror (named
+//   barrier 2: warpgroup 0's S GEMM of tile e after warpgroup 1's of tile e - 1), which bounds the
+//   warpgroups' skew to one tile now that no CTA barrier does.
+// - Every consumer warp waits on full and arrives on empty for every tile, also when it has no
+//   work for the tile (rows past the end, causal diagonal after its rows): this keeps each
+//   barrier phase = one tile (an idle warp cannot run ahead into the next phase).
+// Register budget: 384 threads x 168 at launch (__launch_bounds__(384, 1)) = 64512; the
+// producer's setmaxnreg.dec to 64 frees 128 x 104 = 13312, the consumers' inc to 216 takes
+// 256 x 48 = 12288 of them (an inc that asks for more than the pool holds never returns). 56 made
+// the persistent kernel's Q warp spill; the consumer code needs no more than 168 without
+// spilling, so 216 is headroom for ptxas.
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_WARP_SPECIALIZED_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_WARP_SPECIALIZED_CUH_
+
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_epilogue.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_mainloop.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_softmax.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_tile_scheduler.cuh"
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
+
+namespace attnserve {
+namespace flash_sm90 {
+
+// Roles, register split and tile sizes of the warp-specialized kernel. The shared-memory layout
+// (kBarOffset, kMetaOffset, kSmemBytes: where the barriers and metadata sit after the tiles) is
+// the kernel's own traits' (Sm90PersistentTraits), which MakeWarpSpecializedSmem reads.
+template <int kHeadDim_, typename Elem_>
+struct Sm90WarpSpecializedTraits {
+  using Base = Sm90Traits<kHeadDim_, 128, Elem_>;
+  using Elem = Elem_;
+  static constexpr bool kBF16 = Base::kBF16;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlock = 128;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+  // Warps of the producer warpgroup that load K/V by cp.async (the next one loads Q, the last
+  // exits at once): tile G is loaded and published by warp G % kProducerWarps.
+  static constexpr int kProducerWarps = 2;
+  static constexpr int kProducerRegs = 64;
+  static constexpr int kConsumerRegs = 216;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536,
+                "register file");
+  static_assert((168 - kProducerRegs) * 128 >= (kConsumerRegs - 168) * 128 * kConsumerWarpgroups,
+                "the consumers' setmaxnreg.inc needs what the producer's dec freed");
+  static constexpr int kChunks = Base::kChunks;
+  static constexpr int kTileBytes = Base::kTileBytes;
+  static constexpr int kPanelBytes = Base::kPanelBytes;
+  static constexpr int kStages = Base::kStages;
+};
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+// One warp loads rows [row0, row0 + kRows) of a (., kHeadDim) matrix into a swizzled tile
+// (rows at or past `limit` zero-filled, never read): lane = (row within a group, 16-byte chunk).
+template <int kRows, int kChunks, typename Elem>
+__device__ __forceinline__ void WarpLoadTile(uint32_t smem, const Elem* gbase, int64_t stride,
+                                             int64_t row0, int64_t limit, int lane) {
+  constexpr int kRowsPerStep = 32 / kChunks;
+  const int c = lane % kChunks;
+  const int r0 = lane / kChunks;
+  // Few live registers (the producer runs at kProducerRegs): one running source pointer, the
+  // in-bounds row count from r0; rows past it read nothing (src-size 0 zero-fills 16 bytes).
+  const int64_t in_rows = limit - row0 - r0;
+  const int64_t step = stride * kRowsPerStep;
+  const Elem* src = gbase + (row0 + r0) * stride + c * 8;
+#pragma unroll 2
+  for (int r = r0; r < kRows; r += kRowsPerStep, src += step) {
+    const bool in = r - r0 < in_rows;
+    CpAsync16(smem + TileOffset<kRows>(r, c), in ? src : gbase, in ? 16 : 0);
+  }
+}
+
+// Shared memory of the warp-specialized kernel (shared-window addresses, at the offsets of its
+// Traits): the tiles, then the mbarriers, then the per-stage tile metadata. The persistent kernel
+// finds q_empty (bar_q + 8), its item metadata and the split V barriers from these.
+struct WarpSpecializedSmem {
+  uint32_t q;          // (kBlock, kHeadDim) Q tile
+  uint32_t kv;         // stage s: (kBlock, kHeadDim) K at kv + 2 s tiles, V right after it
+  uint32_t bar_full;   // + 8 s: stage s landed (count 32: the lanes of the warp that loaded it;
+                       // 1 with TMA: the issuing lane's arrive.expect_tx)
+  uint32_t bar_empty;  // + 8 s: stage s released (count 8: one lane per consumer warp)
+  uint32_t bar_q;      // Q landed (count 32: the Q warp; 1 with TMA)
+  int* meta;           // [2 s], [2 s + 1]: key block and mask kind of the tile in stage s
+};
+template <typename Traits>
+__device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned char* smem_raw) {
+  const uint32_t smem_raw_addr = SmemAddr(smem_raw);
+  // 1024-byte alignment of every tile (the 128-byte swizzle atom); kSmemBytes reserves the slack.
+  const uint32_t smem_base = (smem_raw_addr + 1023u) & ~1023u;
+  // Generic pointer to smem_base: 1024-byte aligned like its shared-window address (the window
+  // is aligned beyond that); telling the compiler lets it pair the metadata words into 8-byte
+  // accesses.
+  unsigned char* const smem_ptr = static_cast<unsigned char*>(
+      __builtin_assume_aligned(smem_raw + (smem_base - smem_raw_addr), 1024));
+  WarpSpecializedSmem sm;
+  sm.q = smem_base;
+  sm.kv = smem_base + Traits::kTileBytes;
+  sm.bar_full = smem_base + Traits::kBarOffset;
+  sm.bar_empty = sm.bar_full + 8 * Traits::kStages;
+  sm.bar_q = sm.bar_full + 16 * Traits::kStages;
+  sm.meta = reinterpret_cast<int*>(smem_ptr + Traits::kMetaOffset);
+  return sm;
+}
+
+// cp.async producer K/V warp: tile e of row `row` (ring slot `stage`, use `use` of that slot
+// counted from 0: the CTA's global tile index / kStages) into the ring. Its CSR entry is read
+// before the stage wait, so its latency overlaps it; the consumers released the slot's previous
+// tile (use - 1) before it is overwritten. The warp waits for its own copies, makes them visible
+// to the async proxy (wgmma) in every writing lane, and releases them and lane 0's metadata with
+// its full[stage] arrive.
+template <typename Traits>
+__device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
+                                              const WarpSpecializedSmem& sm, int row, int64_t begin,
+                                              int e, int stage, uint32_t use,
+                                              const typename Traits::Elem* k_base,
+                                              const typename Traits::Elem* v_base, int64_t nk,
+                                              int lane) {
+  constexpr int kBlock = Traits::kBlock;
+  int mask;
+  const int blk = TileKeyBlock(p, row, begin, e, mask);
+  if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
+  if (lane == 0) {
+    sm.meta[2 * stage] = blk;
+    sm.meta[2 * stage + 1] = mask;
+  }
+  const int64_t k0 = static_cast<int64_t>(blk) * kBlock;
+  const uint32_t base = sm.kv + stage * 2u * Traits::kTileBytes;
+  WarpLoadTile<kBlock, Traits::kChunks>(base, k_base, p.k_row_stride, k0, nk, lane);
+  WarpLoadTile<kBlock, Traits::kChunks>(base + Traits::kTileBytes, v_base, p.v_row_stride, k0, nk,
+                                        lane);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  FenceProxyAsyncShared();
+  MbarArrive(sm.bar_full + 8 * stage);
+}
+
+// Ping-pong between the consumer warpgroups of the warp-specialized kernel: the S GEMM issues
+// alternate S0(e), S1(e), S0(e + 1), ... Warpgroup 1 waits on named barrier 1 for warpgroup 0's
+// S issue of this tile (as in the single-tile kernel); warpgroup 0 waits on named barrier 2 for
+// warpgroup 1's S issue of the previous tile. The second barrier replaces the single-tile
+// kernel's per-tile __syncthreads, which bounded the warpgroups' skew: without it warpgroup 0
+// could run a tile ahead and arrive twice on barrier 1 (hardware barriers count arrivals, not
+// threads: that completes a generation without warpgroup 1 and deadlocks it at the end). Both
+// warpgroups sync and arrive every tile, with or without work; warpgroup 1 skips the arrive of
+// the row's last tile (warpgroup 0 has no sync left in that row). `wg` is warp-uniform
+// (shuffled), so these branches do not serialize the wgmma.
+__device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
+  if (wg == 1) {
+    NamedBarSync(1, 256);
+  } else if (!first) {
+    NamedBarSync(2, 256);
+  }
+}
+__device__ __forceinline__ void PingPongAfterScores(int wg, bool last) {
+  if (wg == 0) {
+    NamedBarArrive(1, 256);
+  } else if (!last) {
+    NamedBarArrive(2, 256);
+  }
+}
+
+// Where a consumer warpgroup of the warp-specialized kernel stands in the current row (work
+// item).
+struct ConsumerRow {
+  uint32_t q_wg;    // its (64, kHeadDim) Q rows in smem
+  int64_t wg_row0;  // its first query row
+  bool active;      // any of its rows before the query end (warpgroup-uniform)
+};
+
+// One K/V tile of a consumer warpgroup: wait for the stage (ring slot `stage`, full parity
+// `parity`), ping-pong, S GEMM, then mask / softmax / P V, and hand the stage back. Every
+// consumer warp waits and arrives every tile, also without work (rows past the end, a causal
+// diagonal after its rows), so one barrier phase is one tile. on_scores() runs once the S GEMM
+// completed (or would have: no work), by the converged warp: the persistent kernel releases Q
+// there. One `if (work)` block holds the S wgmma and its wait: an issued wgmma reaching the loop
+// back edge without a wait on some path makes ptxas insert waits and serialize (C7517/C7515).
+template <typename Traits, typename OnScores>
+__device__ __forceinline__ void ConsumeTile(
+    const FlashFwdParams& p, const WarpSpecializedSmem& sm, int stage, uint32_t parity, bool first,
+    bool last, int wg, int lane, const ConsumerRow& cr, const ThreadRows& rows, int64_t nk,
+    float (&acc_o)[Traits::kHeadDim / 2], OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax,
+    OnScores on_scores) {
+  constexpr int kBlock = Traits::kBlock;
+  MbarWait(sm.bar_full + 8 * stage, parity);
+  const int mask = sm.meta[2 * stage + 1];
+  const int64_t k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
+  const bool work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
+  const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
+  const uint32_t v_tile = k_tile + Traits::kTileBytes;
+
+  PingPongBeforeScores(wg, first);
+  if (!work) {
+    PingPongAfterScores(wg, last);
+    on_scores();
+  } else {
+    float s[kBlock / 2];  // (64, kBlock) S of this warpgroup
+    IssueScores<Traits>(s, cr.q_wg, k_tile);
+    PingPongAfterScores(wg, last);
+    WaitScores(s);
+    on_scores();
+    ConsumeScores<Traits>(p, s, acc_o, softmax, rows, mask, k0, nk, v_tile);
+  }
+  // This warp's wgmma reads of the stage are complete (wgmma.wait_group 0 in GemmPV, executed by
+  // the converged warp): hand the stage back to the producer.
+  MbarArriveLane0(sm.bar_empty + 8 * stage, lane);
+}
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_WARP_SPECIALIZED_CUH_
