@@ -1,20 +1,29 @@
-// Context-parallel attends on GPUs (CUDA + NCCL builds): each GPU's worker uploads the query rows
-// its shard may serve, runs them against the shard's K/V in place (CudaAttentionPlan on the
-// device's allocator and stream), and sends its partial O and LSE (one buffer, one transfer) over
-// the group's NCCL communicator to the GPU holding the context's first rows, which LSE-merges
-// every partial into float32 accumulators (LaunchLseMergeInto) in shard order and copies the
-// result to host memory. Everything else is ordered on the streams: a rank waits on the host for
-// its partial, for its transfer and, on the root, for the final copy (a decode step is about a
-// millisecond, so each host round trip shows).
+// Context-parallel attends on GPUs (CUDA builds): each GPU's worker uploads the query rows its
+// shard may serve and runs them against the shard's K/V in place (CudaAttentionPlan on the
+// device's allocator and stream) into one buffer holding its partial O and LSE. The GPU holding
+// the context's first rows (the root) copies every other shard's partial from that shard's GPU
+// (a CUDA peer copy on its own stream, ordered after the shard's kernels by an event the shard
+// records) and LSE-merges the partials into float32 accumulators (LaunchLseMergeInto) in shard
+// order, then copies the result to host memory.
+//
+// Why not NCCL: the ranks are threads of one process, and a decode step's partial is kilobytes.
+// On 2 x H200 an NCCL send/recv of it on the group's non-blocking communicator completed
+// 160-200 us after the later kernel ended (bench/results/h200x2-2026-11-27-sharded/trace3), a
+// sixth of the step; the peer copy needs no host hand-shake after the kernels at all: the shard
+// publishes its buffer and event right after launching, and the root's stream waits for the
+// event. The only host waits are the root's final copy and a shard's wait (bounded, abortable)
+// until the root's copy of its partial is done, before the shard's buffers go back.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/cuda/attention_ops.h"
 #include "core/cuda/caching_allocator.h"
@@ -22,15 +31,14 @@
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/host_copy.h"
 #include "core/parallel/context_parallel.h"
-#include "core/parallel/nccl_groups.h"
 #include "core/util/status_macros.h"
 
 namespace attnserve {
 namespace {
 
-// Bound of a rank's NCCL communicator creation and of each transfer (further bounded by the
-// request's deadline): the ranks start together, so peers join within milliseconds.
-constexpr absl::Duration kCommTimeout = absl::Seconds(60);
+// Bound of a rank's wait for its peers (further bounded by the request's deadline): the ranks
+// start together, so a partial is published within milliseconds.
+constexpr absl::Duration kPeerTimeout = absl::Seconds(60);
 
 class ContextParallelGpuStrategy final : public GroupStrategy {
  public:
@@ -65,39 +73,24 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
                             PlanKeyShard(request_.spec, request_.shape, s.start, s.rows));
       plans_.push_back(std::move(plan));
     }
-    if (env_.nccl_groups == nullptr) {
-      return absl::InternalError("context parallel: no NCCL group cache");
-    }
-    ATTN_ASSIGN_OR_RETURN(NcclGroups::Lease lease, env_.nccl_groups->Acquire(ordinals_));
-    if (lease.created && env_.on_nccl_group_created) env_.on_nccl_group_created();
-    nccl_group_ = std::move(lease.group);
-    nccl_generation_ = lease.generation;
     kernel_seconds_.assign(ranks, 0.0);
+    handoffs_.assign(ranks, Handoff{});
+    set_up_ = true;
     return absl::OkStatus();
   }
 
-  absl::Status RunRank(int rank, Device& device, WorkerComms* comms,
-                       RankFigures& figures) override {
-    if (nccl_group_ == nullptr || comms == nullptr) {
-      return absl::InternalError("context parallel: rank started without its set-up");
-    }
-    absl::Duration timeout = kCommTimeout;
-    if (const absl::Duration left = request_.deadline - absl::Now(); left < timeout) {
-      timeout = std::max(left, absl::Seconds(1));
-    }
-    bool created = false;
-    const absl::Status st = device.RunTask(0, [&](DeviceContext& ctx) -> absl::Status {
-      ATTN_ASSIGN_OR_RETURN(
-          NcclCommunicator * comm,
-          comms->Get(ordinals_, nccl_group_, nccl_generation_, rank, ctx, timeout, &created));
-      return RunOnDevice(rank, ctx, *comm, timeout, figures);
+  absl::Status RunRank(int rank, Device& device, WorkerComms*, RankFigures& figures) override {
+    if (!set_up_) return absl::InternalError("context parallel: rank started without its set-up");
+    const absl::Time give_up = std::min(request_.deadline, absl::Now() + kPeerTimeout);
+    return device.RunTask(0, [&](DeviceContext& ctx) -> absl::Status {
+      return RunOnDevice(rank, ctx, give_up, figures);
     });
-    if (created && env_.on_nccl_comm_created) env_.on_nccl_comm_created(rank);
-    return st;
   }
 
   void Abort(const absl::Status& status) override {
-    if (nccl_group_ != nullptr) nccl_group_->Abort(status);
+    absl::MutexLock lock(&mu_);
+    if (abort_.ok()) abort_ = status;
+    peers_cv_.SignalAll();
   }
 
   absl::Status Collect(GroupResult& result) override {
@@ -127,12 +120,43 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     return b;
   }
 
+  // A shard's partial as the root reads it: published by the shard's worker right after it
+  // launched its kernels; `ready` completes on the shard's stream once the partial is written.
+  struct Handoff {
+    const char* partial = nullptr;  // on the shard's GPU, PartialBytes layout
+    int device = -1;                // its CUDA ordinal
+    cudaEvent_t ready = nullptr;
+    bool published = false;
+    bool consumed = false;  // the root's copy of it has completed
+  };
+
+  // Waits (bounded by `give_up`, the request's cancel flag and Abort) until `done` holds.
+  absl::Status AwaitPeers(absl::Time give_up, const std::function<bool()>& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!done()) {
+      if (!abort_.ok()) return abort_;
+      if (request_.cancel.load(std::memory_order_relaxed)) {
+        return absl::CancelledError("context parallel: cancelled while waiting for a peer GPU");
+      }
+      if (absl::Now() >= give_up) {
+        return absl::DeadlineExceededError(
+            "context parallel: a peer GPU's partial did not arrive in time");
+      }
+      // Short slices: the cancel flag has no notification of its own.
+      peers_cv_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
+    }
+    return absl::OkStatus();
+  }
+
   // Everything a rank's run holds on its device. Work on the stream may still read or write these
   // buffers when a step fails, so the destructor waits for the stream before they go back to the
   // allocator; on success the stream is idle by then (the last transfer or copy was waited for).
   struct RankState {
     explicit RankState(cudaStream_t s) : stream(s) {}
-    ~RankState() { (void)cudaStreamSynchronize(stream); }
+    ~RankState() {
+      (void)cudaStreamSynchronize(stream);
+      if (ready != nullptr) (void)cudaEventDestroy(ready);
+    }
     RankState(const RankState&) = delete;
     RankState& operator=(const RankState&) = delete;
 
@@ -140,7 +164,8 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     DeviceBuffer q;
     DeviceBuffer partial;  // this shard's O and LSE (PartialBytes)
     std::unique_ptr<CudaAttentionPlan> attention;
-    RunEvents events;  // the shard's kernel time, as a single-device run reports its own
+    RunEvents events;             // the shard's kernel time, as a single-device run reports its own
+    cudaEvent_t ready = nullptr;  // a shard rank's partial written (destroyed with the state)
     // The root only: another shard's partial, the float32 accumulators, temporaries.
     DeviceBuffer theirs, acc_o, acc_lse, converted;
     std::vector<DeviceBuffer> bf16;
@@ -167,8 +192,8 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
                           CudaAttentionPlan::Create(plan.spec, plan.shape, request_.dtype,
                                                     *ctx.allocator, ctx.stream, nullptr, options));
     char* const partial = st.partial.as<char>();
-    ATTN_RETURN_IF_ERROR(st.attention->Run(st.q.get(), shard.k_dev.data, shard.v_dev.data,
-                                           partial, reinterpret_cast<float*>(partial + b.lse_offset),
+    ATTN_RETURN_IF_ERROR(st.attention->Run(st.q.get(), shard.k_dev.data, shard.v_dev.data, partial,
+                                           reinterpret_cast<float*>(partial + b.lse_offset),
                                            ctx.stream, &request_.cancel));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events.kernels_done(), ctx.stream));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events.outputs_done(), ctx.stream));
@@ -195,8 +220,8 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     if (o_dtype == DType::kF32) {
       const int64_t n = plan.q_rows * s.q_heads * s.head_dim;
       ATTN_ASSIGN_OR_RETURN(DeviceBuffer bf16, DeviceBuffer::Create(*ctx.allocator, n * 2));
-      CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, partial, DType::kBF16, bf16.get(), n,
-                                         ctx.stream));
+      CUDA_RETURN_IF_ERROR(
+          LaunchConvert(DType::kF32, partial, DType::kBF16, bf16.get(), n, ctx.stream));
       o = bf16.get();
       o_dtype = DType::kBF16;
       st.bf16.push_back(std::move(bf16));
@@ -209,35 +234,37 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     return absl::OkStatus();
   }
 
-  // One rank's part. A shard rank sends its partial (one transfer) to the root; the root merges
-  // its own and every other partial in shard (row) order and copies the result out.
-  absl::Status RunOnDevice(int rank, DeviceContext& ctx, Communicator& comm, absl::Duration timeout,
-                           RankFigures& figures) {
+  // One rank's part. A shard rank publishes its partial and waits until the root has copied it;
+  // the root merges its own and every other partial in shard (row) order and copies the result
+  // out.
+  absl::Status RunOnDevice(int rank, DeviceContext& ctx, absl::Time give_up, RankFigures& figures) {
     const size_t index = order_[rank];
     const KeyShardQuery& plan = plans_[index];
     const AttentionShape& s = request_.shape;
     const int64_t es = static_cast<int64_t>(DTypeSize(request_.dtype));
-    const WaitOptions wait{timeout, &request_.cancel};
     RankState st(ctx.stream);
     if (plan.q_rows > 0) {
       ATTN_RETURN_IF_ERROR(Compute(request_.key_shards[index], plan, ctx, st, figures));
-      // Wait for the partial here, where the CUDA runtime wakes this thread as soon as the kernels
-      // end: the transfer's own wait polls with back-off (it also serves long ring transfers),
-      // and started a kernel's length early it overslept the end by ~0.3 ms (measured on 2 x
-      // H200, bench/results/h200x2-2026-11-27-sharded/trace).
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
     }
     if (rank != root_) {
       if (plan.q_rows == 0) return absl::OkStatus();
-      const int64_t bytes = BytesOf(plan).total;
-      ATTN_RETURN_IF_ERROR(comm.SendRecv(st.partial.get(), bytes, root_, nullptr, 0, kNoPeer, wait));
-      figures.bytes_sent += bytes;
+      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.ready, cudaEventDisableTiming));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(st.ready, ctx.stream));
+      {
+        absl::MutexLock lock(&mu_);
+        handoffs_[rank] = Handoff{st.partial.as<char>(), ordinals_[rank], st.ready, true, false};
+        peers_cv_.SignalAll();
+        ATTN_RETURN_IF_ERROR(AwaitPeers(give_up, [&] { return handoffs_[rank].consumed; }));
+      }
+      figures.bytes_sent += BytesOf(plan).total;
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));  // its events, for the timing
       ReadKernelTime(rank, st);
       return absl::OkStatus();
     }
     const int64_t o_elems = s.tokens * s.q_heads * s.head_dim;
     ATTN_ASSIGN_OR_RETURN(st.acc_o, DeviceBuffer::Create(*ctx.allocator, o_elems * 4));
-    ATTN_ASSIGN_OR_RETURN(st.acc_lse, DeviceBuffer::Create(*ctx.allocator, s.q_heads * s.tokens * 4));
+    ATTN_ASSIGN_OR_RETURN(st.acc_lse,
+                          DeviceBuffer::Create(*ctx.allocator, s.q_heads * s.tokens * 4));
     CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(st.acc_o.get(), 0, static_cast<size_t>(o_elems * 4), ctx.stream));
     CUDA_RETURN_IF_ERROR(
@@ -252,15 +279,23 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
         continue;
       }
       const int64_t bytes = BytesOf(p).total;
-      // One receive buffer, as large as the largest partial, serves every peer in turn: each
-      // receive is queued behind the merge of the previous one (the communicator's stream waits
-      // for the compute stream), so no partial is overwritten before it was merged.
+      // One receive buffer, as large as the largest partial, serves every peer in turn: the
+      // copies and merges are ordered on this stream.
       if (st.theirs.get() == nullptr) {
         int64_t largest = 0;
         for (const KeyShardQuery& q : plans_) largest = std::max(largest, BytesOf(q).total);
         ATTN_ASSIGN_OR_RETURN(st.theirs, DeviceBuffer::Create(*ctx.allocator, largest));
       }
-      ATTN_RETURN_IF_ERROR(comm.SendRecv(nullptr, 0, kNoPeer, st.theirs.get(), bytes, peer, wait));
+      Handoff h;
+      {
+        absl::MutexLock lock(&mu_);
+        ATTN_RETURN_IF_ERROR(AwaitPeers(give_up, [&] { return handoffs_[peer].published; }));
+        h = handoffs_[peer];
+      }
+      ATTN_RETURN_IF_ERROR(EnablePeerAccess(ordinals_[rank], h.device));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ctx.stream, h.ready, 0));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyPeerAsync(st.theirs.get(), ordinals_[rank], h.partial,
+                                               h.device, static_cast<size_t>(bytes), ctx.stream));
       figures.bytes_received += bytes;
       ATTN_RETURN_IF_ERROR(MergeInto(p, st.theirs.as<char>(), ctx, st));
     }
@@ -282,21 +317,54 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
     ATTN_RETURN_IF_ERROR(CopyToHost(out.lse.data(), st.acc_lse.get(),
                                     static_cast<size_t>(out.lse.nbytes()), ctx.stream, ctx.copies));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    {
+      absl::MutexLock lock(&mu_);  // every peer copy is done: the shards may free their buffers
+      for (Handoff& h : handoffs_) h.consumed = true;
+      peers_cv_.SignalAll();
+    }
     if (plan.q_rows > 0) ReadKernelTime(rank, st);
     outputs_ = std::move(out);  // only the root's worker writes it
+    return absl::OkStatus();
+  }
+
+  // Lets `device` read `peer`'s memory directly (NVLink or PCIe peer-to-peer) where the two can;
+  // elsewhere the peer copies go through host memory, slower but correct. Once per process and
+  // pair: the CUDA runtime keeps it for the device's context.
+  static absl::Status EnablePeerAccess(int device, int peer) {
+    static absl::Mutex mu(absl::kConstInit);
+    static auto* done = new std::vector<std::pair<int, int>>();
+    absl::MutexLock lock(&mu);
+    if (std::find(done->begin(), done->end(), std::pair{device, peer}) != done->end()) {
+      return absl::OkStatus();
+    }
+    int can = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, device, peer));
+    if (can) {
+      CUDA_RETURN_IF_ERROR(cudaSetDevice(device));  // the worker's own device: enabled for it
+      const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();  // NCCL may have enabled it: not an error, and not left pending
+      } else {
+        CUDA_RETURN_IF_ERROR(e);
+      }
+    }
+    done->emplace_back(device, peer);
     return absl::OkStatus();
   }
 
   AttentionRequest& request_;
   const std::vector<Device*> devices_;
   const GroupEnv env_;
-  std::vector<size_t> order_;         // rank -> index into request_.key_shards
-  std::vector<KeyShardQuery> plans_;  // by shard index
-  std::vector<int> ordinals_;         // CUDA ordinals in rank order: the communicator cache key
-  int root_ = 0;                      // the rank holding the context's first rows
+  std::vector<size_t> order_;           // rank -> index into request_.key_shards
+  std::vector<KeyShardQuery> plans_;    // by shard index
+  std::vector<int> ordinals_;           // CUDA ordinals in rank order
+  int root_ = 0;                        // the rank holding the context's first rows
   std::vector<double> kernel_seconds_;  // by rank, each written by that rank's worker only
-  std::shared_ptr<NcclGroup> nccl_group_;
-  uint64_t nccl_generation_ = 0;
+  bool set_up_ = false;
+  absl::Mutex mu_;
+  absl::CondVar peers_cv_;
+  std::vector<Handoff> handoffs_ ABSL_GUARDED_BY(mu_);  // by rank
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
   AttentionOutputs outputs_;
 };
 

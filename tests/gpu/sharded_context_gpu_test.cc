@@ -1,6 +1,6 @@
 // A context split over two GPUs, end to end on loopback: a real grpc::Server on two CUDA devices
 // holding the same rows twice, once split over both GPUs (shards = 2: each GPU attends Q to its
-// rows in place, the partials go over NCCL to the first shard's GPU, which merges them) and once
+// rows in place, the root copies the other partial from its GPU and merges them) and once
 // on one GPU (shards = 1). Decode steps (Nq 1..4, GQA, causal dense and window) and a 64-row chunk
 // across the shard boundary must give the single-GPU result and match the float64 reference on
 // fresh seeded inputs (the client's output buffers start as NaN bytes). Skips below 2 GPUs.
