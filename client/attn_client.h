@@ -12,8 +12,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -127,7 +127,7 @@ struct AttendResult {
   attnserve::v1::AttendResponseHeader header;  // timings, devices, sparsity, flops
   HostTensor o;                   // [B, N, Hq, D], the input dtype (empty: outputs_in_regions)
   std::optional<HostTensor> lse;  // [B, Hq, N] f32, when return_lse and not in a region
-  int attempts = 1;                            // calls made, retries included
+  int attempts = 1;               // calls made, retries included
   // Client-side wall clock of the successful attempt, in seconds.
   double upload_seconds = 0;  // start of the call to the last input byte handed to gRPC
   double total_seconds = 0;   // start of the call to the last output byte
@@ -172,9 +172,10 @@ class AttnClient {
   // Shared-memory regions (attn_client_regions.cc), not retried. A POSIX shm object of
   // this host (`shm_key`, e.g. "/attn_in_1234"; SharedMemoryRegion makes one), bytes
   // [offset, offset + bytes) of it, or the raw cudaIpcMemHandle_t of a device allocation.
-  absl::StatusOr<attnserve::v1::RegionStatus> RegisterSystemRegion(
-      const std::string& name, const std::string& shm_key, int64_t offset, int64_t bytes,
-      const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::RegionStatus> RegisterSystemRegion(const std::string& name,
+                                                                   const std::string& shm_key,
+                                                                   int64_t offset, int64_t bytes,
+                                                                   const CallOptions& options = {});
   absl::StatusOr<attnserve::v1::RegionStatus> RegisterCudaIpcRegion(
       const std::string& name, const std::string& ipc_handle, int device, int64_t bytes,
       const CallOptions& options = {});
@@ -206,8 +207,7 @@ class AttnClient {
                                                           const CallOptions& options = {});
   absl::StatusOr<attnserve::v1::DeleteContextResponse> DeleteContext(
       const std::string& name, const CallOptions& options = {});
-  absl::StatusOr<attnserve::v1::ListContextsResponse> ListContexts(
-      const CallOptions& options = {});
+  absl::StatusOr<attnserve::v1::ListContextsResponse> ListContexts(const CallOptions& options = {});
 
   const ClientOptions& options() const { return options_; }
 
@@ -215,8 +215,7 @@ class AttnClient {
   AttnClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
   // One unary region call with the call options' deadline.
   template <typename Request, typename Response, typename Method>
-  absl::StatusOr<Response> Unary(Method method, const Request& request,
-                                 const CallOptions& options);
+  absl::StatusOr<Response> Unary(Method method, const Request& request, const CallOptions& options);
 
   // Waits out the backoff before retry `retry` (1-based), never past `deadline`. False when the
   // deadline leaves no time for another attempt.

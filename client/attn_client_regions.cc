@@ -99,9 +99,9 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContext(const std::string& n
     return -1;
   };
   if (rows(k) < 1 || k.dims() != v.dims() || k.dtype() != v.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "k, v: must be [T, Hkv, D] (or [1, T, Hkv, D]) alike, T >= 1; got ", k.DebugString(),
-        " and ", v.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("k, v: must be [T, Hkv, D] (or [1, T, Hkv, D]) alike, T >= 1; got ",
+                     k.DebugString(), " and ", v.DebugString()));
   }
   grpc::ClientContext context;
   if (options.timeout != absl::InfiniteDuration()) {
@@ -153,8 +153,8 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContextFromRegions(
   h->set_context(name);
   h->set_tokens(tokens);
   if (expect_tokens) h->set_expect_tokens(*expect_tokens);
-  for (auto [ref, region] : {std::pair{h->mutable_k_region(), &k},
-                             std::pair{h->mutable_v_region(), &v}}) {
+  for (auto [ref, region] :
+       {std::pair{h->mutable_k_region(), &k}, std::pair{h->mutable_v_region(), &v}}) {
     ref->set_region(region->region);
     ref->set_offset(region->offset);
     ref->set_bytes(region->bytes);
@@ -176,7 +176,7 @@ absl::StatusOr<v1::ContextStatus> AttnClient::GetContext(const std::string& name
 }
 
 absl::StatusOr<v1::DeleteContextResponse> AttnClient::DeleteContext(const std::string& name,
-                                                                   const CallOptions& options) {
+                                                                    const CallOptions& options) {
   v1::DeleteContextRequest request;
   request.set_name(name);
   return Unary<v1::DeleteContextRequest, v1::DeleteContextResponse>(

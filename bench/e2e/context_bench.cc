@@ -106,7 +106,8 @@ absl::Status Run() {
   const std::string k = RandomBf16(rows * hkv * d, 2), v = RandomBf16(rows * hkv * d, 3);
   if (!prefill) {
     const absl::Time t0 = absl::Now();
-    for (int64_t at = 0; at < n; at += rows) ATTN_RETURN_IF_ERROR(AppendRows(*stub, name, rows, k, v));
+    for (int64_t at = 0; at < n; at += rows)
+      ATTN_RETURN_IF_ERROR(AppendRows(*stub, name, rows, k, v));
     const double append_s = absl::ToDoubleSeconds(absl::Now() - t0);
     std::printf("context %s: %lld rows appended in %.2f s\n", name.c_str(),
                 static_cast<long long>(n), append_s);
@@ -130,12 +131,13 @@ absl::Status Run() {
       }
       // Where the time above the kernel goes: the server's receive, queue and compute (compute
       // minus kernel: plan, launches and copies), and the rest (the wire both ways, the client).
-      std::printf("decode Nq=%lld against %lld rows: end to end %.3f ms, kernel %.3f ms, "
-                  "difference %.3f ms (medians of %zu; server receive %.3f, queue %.3f, compute "
-                  "%.3f ms)\n",
-                  static_cast<long long>(nq), static_cast<long long>(n), Median(wall) * 1e3,
-                  Median(kernel) * 1e3, (Median(wall) - Median(kernel)) * 1e3, wall.size(),
-                  Median(receive) * 1e3, Median(queue) * 1e3, Median(compute) * 1e3);
+      std::printf(
+          "decode Nq=%lld against %lld rows: end to end %.3f ms, kernel %.3f ms, "
+          "difference %.3f ms (medians of %zu; server receive %.3f, queue %.3f, compute "
+          "%.3f ms)\n",
+          static_cast<long long>(nq), static_cast<long long>(n), Median(wall) * 1e3,
+          Median(kernel) * 1e3, (Median(wall) - Median(kernel)) * 1e3, wall.size(),
+          Median(receive) * 1e3, Median(queue) * 1e3, Median(compute) * 1e3);
       steps.Push(Json::Object()
                      .Set("q_len", nq)
                      .Set("end_to_end_s", Median(wall))
@@ -159,10 +161,13 @@ absl::Status Run() {
       kernels += f.kernel_s;
     }
     const double chunked_s = absl::ToDoubleSeconds(absl::Now() - t0);
-    std::printf("chunked prefill of %lld rows in %lld-row chunks: %.2f s end to end, kernels "
-                "%.3f s\n",
-                static_cast<long long>(n), static_cast<long long>(rows), chunked_s, kernels);
-    out.Set("tokens", n).Set("chunk", rows).Set("chunked_s", chunked_s)
+    std::printf(
+        "chunked prefill of %lld rows in %lld-row chunks: %.2f s end to end, kernels "
+        "%.3f s\n",
+        static_cast<long long>(n), static_cast<long long>(rows), chunked_s, kernels);
+    out.Set("tokens", n)
+        .Set("chunk", rows)
+        .Set("chunked_s", chunked_s)
         .Set("chunked_kernel_s", kernels);
   }
   {

@@ -77,10 +77,9 @@ absl::Status AppendRows(v1::AttentionService::Stub& stub, const std::string& nam
   return FromGrpc(w->Finish(), "AppendContext");
 }
 
-absl::StatusOr<CallFigures> TimedAttend(v1::AttentionService::Stub& stub,
-                                        const v1::AttendHeader& h, const std::string& q,
-                                        const std::string* k, const std::string* v,
-                                        std::string* o, std::string* lse) {
+absl::StatusOr<CallFigures> TimedAttend(v1::AttentionService::Stub& stub, const v1::AttendHeader& h,
+                                        const std::string& q, const std::string* k,
+                                        const std::string* v, std::string* o, std::string* lse) {
   const absl::Time t0 = absl::Now();
   grpc::ClientContext ctx;
   auto s = stub.Attend(&ctx);

@@ -38,10 +38,10 @@ struct CallFigures {
 
 // One Attend: header, Q (and K, V when non-null, i.e. not against a context), then the response
 // drained. When `o` / `lse` are non-null, the O and LSE bytes the server streamed land there.
-absl::StatusOr<CallFigures> TimedAttend(v1::AttentionService::Stub& stub,
-                                        const v1::AttendHeader& h, const std::string& q,
-                                        const std::string* k, const std::string* v,
-                                        std::string* o = nullptr, std::string* lse = nullptr);
+absl::StatusOr<CallFigures> TimedAttend(v1::AttentionService::Stub& stub, const v1::AttendHeader& h,
+                                        const std::string& q, const std::string* k,
+                                        const std::string* v, std::string* o = nullptr,
+                                        std::string* lse = nullptr);
 
 double Median(std::vector<double> v);
 

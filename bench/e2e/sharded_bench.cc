@@ -107,8 +107,8 @@ struct Latency {
   std::vector<std::string> devices;
 };
 
-absl::StatusOr<Latency> SequentialSteps(v1::AttentionService::Stub& stub,
-                                        const v1::AttendHeader& h, const std::string& q) {
+absl::StatusOr<Latency> SequentialSteps(v1::AttentionService::Stub& stub, const v1::AttendHeader& h,
+                                        const std::string& q) {
   Latency l;
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int i = 0; i < steps + 3; ++i) {
@@ -157,8 +157,7 @@ struct Difference {
 };
 
 absl::StatusOr<Difference> Compare(const Latency& a, const Latency& b) {
-  if (a.o.size() != b.o.size() || a.lse.size() != b.lse.size() || a.o.empty() ||
-      a.lse.empty()) {
+  if (a.o.size() != b.o.size() || a.lse.size() != b.lse.size() || a.o.empty() || a.lse.empty()) {
     return absl::InternalError(absl::StrCat("outputs differ in size: O ", a.o.size(), " vs ",
                                             b.o.size(), ", LSE ", a.lse.size(), " vs ",
                                             b.lse.size()));
@@ -237,9 +236,10 @@ absl::Status Run() {
   bool equal = true;
   const int threads = absl::GetFlag(FLAGS_concurrency);
   const int per_thread = absl::GetFlag(FLAGS_throughput_steps);
-  std::printf("\n| Nq | one: e2e / compute / kernel ms | split: e2e / compute / kernel ms | "
-              "latency one/split | steps/s one | steps/s split | throughput split/one | "
-              "max |dO|/max|O| | max |dLSE| |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| Nq | one: e2e / compute / kernel ms | split: e2e / compute / kernel ms | "
+      "latency one/split | steps/s one | steps/s split | throughput split/one | "
+      "max |dO|/max|O| | max |dLSE| |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& ql : absl::GetFlag(FLAGS_q_lens)) {
     const int64_t nq = std::stoll(ql);
     const std::string q = bench::RandomBf16(nq * hq * d, 1000 + nq);
@@ -255,14 +255,13 @@ absl::Status Run() {
     // bf16 outputs of two merge orders: a few ulps of bf16 (2^-8 relative) at most.
     const bool same = diff.o_rel <= 2e-2 && diff.lse_abs <= 1e-3;
     equal = equal && same;
-    std::printf("| %lld | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.2f | %.0f | %.0f | %.2f | "
-                "%.2e | %.2e %s |\n",
-                static_cast<long long>(nq), Median(lat_one.wall) * 1e3,
-                Median(lat_one.compute) * 1e3, Median(lat_one.kernel) * 1e3,
-                Median(lat_split.wall) * 1e3, Median(lat_split.compute) * 1e3,
-                Median(lat_split.kernel) * 1e3, Median(lat_one.wall) / Median(lat_split.wall),
-                tput_one, tput_split, tput_split / tput_one, diff.o_rel, diff.lse_abs,
-                same ? "" : "FAIL");
+    std::printf(
+        "| %lld | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.2f | %.0f | %.0f | %.2f | "
+        "%.2e | %.2e %s |\n",
+        static_cast<long long>(nq), Median(lat_one.wall) * 1e3, Median(lat_one.compute) * 1e3,
+        Median(lat_one.kernel) * 1e3, Median(lat_split.wall) * 1e3, Median(lat_split.compute) * 1e3,
+        Median(lat_split.kernel) * 1e3, Median(lat_one.wall) / Median(lat_split.wall), tput_one,
+        tput_split, tput_split / tput_one, diff.o_rel, diff.lse_abs, same ? "" : "FAIL");
     cases.Push(Json::Object()
                    .Set("q_len", nq)
                    .Set("one", LatencyJson(lat_one))

@@ -106,8 +106,7 @@ TEST_F(ContextStoreTest, LimitsAnswerWithTheirCodes) {
             absl::StatusCode::kInvalidArgument);
   ContextConfig heads = Config("h");
   heads.kv_heads = 0;
-  EXPECT_NE(store->CreateContext("", heads).status().message().find("kv_heads"),
-            std::string::npos);
+  EXPECT_NE(store->CreateContext("", heads).status().message().find("kv_heads"), std::string::npos);
   ASSERT_TRUE(store->CreateContext("", Config("fixed", 4)).ok());
   EXPECT_EQ(store->CreateContext("", Config("fixed")).status().code(),
             absl::StatusCode::kAlreadyExists);

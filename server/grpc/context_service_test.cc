@@ -219,12 +219,14 @@ TEST_F(ContextServiceTest, MisuseAnswersWithItsCode) {
   wrong.set_dtype(v1::DTYPE_F32);
   r = Attend(stub_.get(), wrong, Inputs{MakeInputs(wrong, 1).q, HostTensor(), HostTensor()}, 4096);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(r.status.error_message(), HasSubstr("header.dtype: f32, but context 'fixed' has bf16"));
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("header.dtype: f32, but context 'fixed' has bf16"));
   wrong = h;
   wrong.set_head_dim(128);
   r = Attend(stub_.get(), wrong, Inputs{MakeInputs(wrong, 1).q, HostTensor(), HostTensor()}, 4096);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(r.status.error_message(), HasSubstr("header.head_dim: 128, but context 'fixed' has 64"));
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("header.head_dim: 128, but context 'fixed' has 64"));
   r = Attend(stub_.get(), h, q, 4096);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   grpc::ClientContext gctx;

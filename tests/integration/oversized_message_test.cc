@@ -232,8 +232,8 @@ TEST(OversizedMessageTest, BurstsOfLargeRequestsGiveTheirMemoryBack) {
   absl::StatusOr<Problem> p = MakeProblem(DType::kF32, 1, 2048, 8, 8, 64,
                                           SpecFromJson(R"({"window": {"size": 16}})"), seed);
   ASSERT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<ReferenceResult> ref = ReferenceAttention(*SpecFromProto(p->spec), p->q, p->k,
-                                                           p->v);
+  absl::StatusOr<ReferenceResult> ref =
+      ReferenceAttention(*SpecFromProto(p->spec), p->q, p->k, p->v);
   ASSERT_TRUE(ref.ok()) << ref.status();
   constexpr int kBursts = 3, kThreads = 16, kPerThread = 4;
   int64_t rss_peak = rss_start;
@@ -249,8 +249,8 @@ TEST(OversizedMessageTest, BurstsOfLargeRequestsGiveTheirMemoryBack) {
             ADD_FAILURE() << r.status();
             continue;
           }
-          const absl::Status check = CheckResultAgainst(*ref, *p, *r, OTolerance(DType::kF32),
-                                                        LseTolerance(DType::kF32));
+          const absl::Status check =
+              CheckResultAgainst(*ref, *p, *r, OTolerance(DType::kF32), LseTolerance(DType::kF32));
           if (check.ok()) {
             ++good;
           } else {

@@ -141,11 +141,11 @@ TEST_F(ShmTest, RegionRequestsMatchTheReference) {
     std::string spec;
     int64_t hq, hkv;
   };
-  for (const Case& c : {Case{DType::kF32, R"({"dense": {}, "causal": true})", 4, 2},
-                        Case{DType::kBF16, R"({"window": {"size": 40}})", 4, 4},
-                        Case{DType::kF32,
-                             R"({"blockSparse": {"blockSize": 64, "localWindow": {"width": 1}}})",
-                             2, 1}}) {
+  for (const Case& c :
+       {Case{DType::kF32, R"({"dense": {}, "causal": true})", 4, 2},
+        Case{DType::kBF16, R"({"window": {"size": 40}})", 4, 4},
+        Case{DType::kF32, R"({"blockSparse": {"blockSize": 64, "localWindow": {"width": 1}}})", 2,
+             1}}) {
     const uint64_t seed = FreshSeed();
     SCOPED_TRACE(absl::StrCat(c.spec, " seed ", seed));
     auto p = MakeProblem(c.dtype, 2, 300, c.hq, c.hkv, 64, SpecFromJson(c.spec), seed);
@@ -167,8 +167,8 @@ TEST_F(ShmTest, RegionRequestsMatchTheReference) {
     EXPECT_EQ(r->header.lse_bytes(), l.lse_bytes);
     EXPECT_LT(r->header.receive_seconds(), 0.5);
     std::memmove((*shm)->data(), (*shm)->data() + 4096, l.total);
-    absl::Status s = CheckResult(*p, ReadBack(*p, l, **shm, *r), OTolerance(c.dtype),
-                                 LseTolerance(c.dtype));
+    absl::Status s =
+        CheckResult(*p, ReadBack(*p, l, **shm, *r), OTolerance(c.dtype), LseTolerance(c.dtype));
     EXPECT_TRUE(s.ok()) << s;
     auto un = client_->UnregisterRegion("io");
     ASSERT_TRUE(un.ok()) << un.status();
