@@ -189,10 +189,12 @@ class AttnClient {
   // the context's dtype) in options().chunk_bytes chunks, calling options.progress (on the
   // caller's thread) after each; with expect_tokens the server refuses (FAILED_PRECONDITION)
   // unless the context holds exactly that many rows when it commits.
+  // shards: devices to split the rows over by sequence (CreateContextRequest.shards; 0: the
+  // server decides, 1: one device).
   absl::StatusOr<attnserve::v1::ContextStatus> CreateContext(
       const std::string& name, DType dtype, int64_t kv_heads, int64_t head_dim,
       int64_t capacity_tokens = 0, absl::Duration ttl = absl::ZeroDuration(),
-      const CallOptions& options = {});
+      const CallOptions& options = {}, int32_t shards = 0);
   absl::StatusOr<attnserve::v1::ContextStatus> AppendContext(
       const std::string& name, const HostTensor& k, const HostTensor& v,
       std::optional<int64_t> expect_tokens = std::nullopt, const CallOptions& options = {});

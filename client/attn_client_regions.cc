@@ -70,11 +70,9 @@ absl::StatusOr<v1::ListRegionsResponse> AttnClient::ListRegions(const CallOption
       &v1::AttentionService::Stub::ListRegions, v1::ListRegionsRequest(), options);
 }
 
-absl::StatusOr<v1::ContextStatus> AttnClient::CreateContext(const std::string& name, DType dtype,
-                                                            int64_t kv_heads, int64_t head_dim,
-                                                            int64_t capacity_tokens,
-                                                            absl::Duration ttl,
-                                                            const CallOptions& options) {
+absl::StatusOr<v1::ContextStatus> AttnClient::CreateContext(
+    const std::string& name, DType dtype, int64_t kv_heads, int64_t head_dim,
+    int64_t capacity_tokens, absl::Duration ttl, const CallOptions& options, int32_t shards) {
   v1::CreateContextRequest request;
   request.set_name(name);
   request.set_dtype(DTypeToProto(dtype));
@@ -82,6 +80,7 @@ absl::StatusOr<v1::ContextStatus> AttnClient::CreateContext(const std::string& n
   request.set_head_dim(head_dim);
   request.set_capacity_tokens(capacity_tokens);
   request.set_ttl_seconds(absl::ToInt64Seconds(ttl));
+  request.set_shards(shards);
   auto r = Unary<v1::CreateContextRequest, v1::CreateContextResponse>(
       &v1::AttentionService::Stub::CreateContext, request, options);
   if (!r.ok()) return r.status();

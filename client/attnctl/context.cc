@@ -37,6 +37,10 @@ ABSL_FLAG(bool, growable, false,
 ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
           "context create: idle time (whole seconds) after which the server deletes the context; "
           "0: the server's --context-ttl");
+ABSL_FLAG(int32_t, shards, 0,
+          "context create: devices to split the rows over by sequence (attends then run on all of "
+          "them at once, dense and window specs only); 0: the server decides (one device when "
+          "the context fits one device's share), 1: one device");
 ABSL_FLAG(int64_t, expect_tokens, 0,
           "context append: refuse the append (FAILED_PRECONDITION, nothing added) unless the "
           "context holds exactly this many rows when it commits; not given: no such check");
@@ -110,10 +114,15 @@ int CreateMain(const FlagSet& flags) {
                                 "--ttl: expected whole seconds >= 0 such as 90s or 10m, got ",
                                 absl::FormatDuration(ttl))));
   }
+  const int32_t shards = absl::GetFlag(FLAGS_shards);
+  if (shards < 0) {
+    return UsageError(kCmd, absl::InvalidArgumentError(
+                                absl::StrCat("--shards: expected a count >= 0, got ", shards)));
+  }
   absl::StatusOr<ContextCall> call = StartContextCall(flags);
   if (!call.ok()) return UsageError(kCmd, call.status());
-  absl::StatusOr<v1::ContextStatus> c =
-      call->client->CreateContext(*name, dtype, *kv_heads, *head_dim, capacity, ttl, call->options);
+  absl::StatusOr<v1::ContextStatus> c = call->client->CreateContext(
+      *name, dtype, *kv_heads, *head_dim, capacity, ttl, call->options, shards);
   if (!c.ok()) return ContextCallFailed("CreateContext", *name, c.status());
   if (absl::GetFlag(FLAGS_json)) return PrintProtoJson(*c);
   PrintStatus(*c);
@@ -298,17 +307,19 @@ std::vector<Command> ContextCommands() {
   Command create{
       "context create",
       "context create NAME --server HOST:PORT --kv-heads H --head-dim D [--dtype bf16]\n"
-      "      [--capacity ROWS | --growable] [--ttl 10m] [--json] [--timeout 10s]",
+      "      [--capacity ROWS | --growable] [--ttl 10m] [--shards N] [--json] [--timeout 10s]",
       "Creates an empty context: K and V rows of one dtype, kv_heads and head_dim that the\n"
-      "server keeps on one device for requests that send only Q. --capacity reserves that\n"
+      "server keeps on its devices for requests that send only Q. --capacity reserves that\n"
       "many rows at once (appends past them fail); without it the context grows as rows\n"
-      "arrive. The server deletes a context idle for longer than its --ttl.\n",
+      "arrive. --shards N splits the rows over N devices by sequence (an attend then runs on\n"
+      "all of them at once). The server deletes a context idle for longer than its --ttl.\n",
       WithConnection("10s", {{"kv_heads", "H", "-"},
                              {"head_dim", "D", "-"},
                              {"dtype", "D", "bf16"},
                              {"capacity", "ROWS", "-"},
                              {"growable", ""},
                              {"ttl", "DURATION"},
+                             {"shards", "N", "0"},
                              {"json", ""}}),
       &CreateMain,
       /*operands=*/1,

@@ -289,6 +289,48 @@ TEST_F(AttnctlTest, ContextLifecycle) {
   EXPECT_EQ(list->contexts_size(), 0);
 }
 
+// --shards 2 on a server of two CPU devices: the rows are split by sequence (the device line
+// names both), appended across the split, and a decode step against them (each device attends
+// its rows, the partials merged) matches the float64 reference of all the rows.
+TEST(AttnctlSplitContextTest, ContextSplitOverTwoDevices) {
+  ServerOptions options;
+  options.extra_args = {"--cpu-workers=2", "--cpu-threads=1"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto Server = [&] { return "--server=" + (*server)->target(); };
+  const auto Attnctl = [](std::vector<std::string> args) {
+    return RunLogged("attnctl", ATTNCTL_BINARY, args, absl::Seconds(120));
+  };
+  absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create("attnctl_split_");
+  ASSERT_TRUE(dir.ok());
+  const uint64_t seed = FreshSeed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const HostTensor k = RandomTensor(DType::kBF16, {400, 2, 64}, seed);
+  const HostTensor v = RandomTensor(DType::kBF16, {400, 2, 64}, seed + 1);
+  ASSERT_TRUE(WriteNpy((*dir)->File("k.npy"), k).ok());
+  ASSERT_TRUE(WriteNpy((*dir)->File("v.npy"), v).ok());
+  const std::string ctx = "attnctl-split";
+  CommandResult r = Attnctl({"context", "create", ctx, Server(), "--kv-heads=2", "--head-dim=64",
+                             "--capacity=400", "--shards=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "context    " + ctx + " on cpu:0,cpu:1")) << r.output;
+  r = Attnctl({"context", "append", ctx, Server(), "--k", (*dir)->File("k.npy"), "--v",
+               (*dir)->File("v.npy"), "--expect-tokens=0"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Attnctl({"context", "attend", ctx, Server(), absl::StrCat("--random-q=2,", seed + 2),
+               "--q-heads=8", R"(--spec={"dense": {}, "causal": true})", "--check", "--k",
+               (*dir)->File("k.npy"), "--v", (*dir)->File("v.npy")});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, ": PASS")) << r.output;
+  r = Attnctl({"context", "create", "bad-shards", Server(), "--kv-heads=2", "--head-dim=64",
+               "--shards=-1"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Contains(r.output, "--shards: expected a count >= 0")) << r.output;
+  r = Attnctl({"context", "delete", ctx, Server()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
+}
+
 // The context commands' usage errors: no NAME, unknown subcommand, exclusive flags.
 TEST_F(AttnctlTest, ContextUsageErrors) {
   CommandResult r = Attnctl({"context", "--help"});
