@@ -13,14 +13,23 @@ namespace attnserve::client {
 
 namespace v1 = ::attnserve::v1;
 
-template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> AttnClient::Unary(Method method, const Request& request,
-                                           const CallOptions& options) {
-  grpc::ClientContext context;
+namespace {
+
+// The call options' deadline and wait-for-ready, on a call's context.
+void ApplyCallOptions(const CallOptions& options, grpc::ClientContext& context) {
   if (options.timeout != absl::InfiniteDuration()) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
   }
   context.set_wait_for_ready(options.wait_for_ready);
+}
+
+}  // namespace
+
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> AttnClient::Unary(Method method, const Request& request,
+                                           const CallOptions& options) {
+  grpc::ClientContext context;
+  ApplyCallOptions(options, context);
   Response response;
   const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -103,10 +112,7 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContext(const std::string& n
                      k.DebugString(), " and ", v.DebugString()));
   }
   grpc::ClientContext context;
-  if (options.timeout != absl::InfiniteDuration()) {
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
-  }
-  context.set_wait_for_ready(options.wait_for_ready);
+  ApplyCallOptions(options, context);
   v1::AppendContextResponse response;
   auto writer = stub_->AppendContext(&context, &response);
   v1::AppendContextRequest m;
@@ -141,10 +147,7 @@ absl::StatusOr<v1::ContextStatus> AttnClient::AppendContextFromRegions(
     const std::string& name, int64_t tokens, const TensorRegion& k, const TensorRegion& v,
     std::optional<int64_t> expect_tokens, const CallOptions& options) {
   grpc::ClientContext context;
-  if (options.timeout != absl::InfiniteDuration()) {
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
-  }
-  context.set_wait_for_ready(options.wait_for_ready);
+  ApplyCallOptions(options, context);
   v1::AppendContextResponse response;
   auto writer = stub_->AppendContext(&context, &response);
   v1::AppendContextRequest m;

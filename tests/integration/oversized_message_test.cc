@@ -40,6 +40,18 @@ int64_t StatusBytes(pid_t pid, const std::string& field) {
   return 0;
 }
 
+// The server's RSS once it is at most `bound` (an idle server trims freed memory within a few
+// hundred milliseconds), or after `timeout`, whichever comes first.
+int64_t RssWithin(pid_t pid, int64_t bound, absl::Duration timeout) {
+  int64_t rss = StatusBytes(pid, "VmRSS");
+  const absl::Time deadline = absl::Now() + timeout;
+  while (rss > bound && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    rss = StatusBytes(pid, "VmRSS");
+  }
+  return rss;
+}
+
 // One Attend call through the generic stub: `header` (a serialized AttendRequest), then one
 // message of `payload_bytes` zero bytes, then the half-close, and the call's status. No read is
 // posted: the server answers this call with a status only, and a read left pending when a write
@@ -135,12 +147,7 @@ TEST(OversizedMessageTest, RefusedWithResourceExhaustedAndMemoryComesBack) {
   EXPECT_LT(hwm_growth, 100 * kMiB) << "the message was buffered past --grpc-memory-quota-bytes";
 
   // Back to within 64 MiB of the start once the call is gone (trimmed when idle).
-  int64_t rss = StatusBytes(pid, "VmRSS");
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (rss > rss_start + 64 * kMiB && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(100));
-    rss = StatusBytes(pid, "VmRSS");
-  }
+  const int64_t rss = RssWithin(pid, rss_start + 64 * kMiB, absl::Seconds(10));
   std::printf("server RSS: start %.1f MiB, after %.1f MiB\n", rss_start / 1048576.0,
               rss / 1048576.0);
   EXPECT_LE(rss, rss_start + 64 * kMiB);
@@ -201,12 +208,7 @@ TEST(OversizedMessageTest, HugeCsrHeaderRefusedBeforeTheSpecIsConverted) {
   std::printf("10^7-entry CSR header x 3: server VmHWM growth %.1f MiB\n", hwm_growth / 1048576.0);
   // One parse at a time (80 MB of int64s, plus the repeated field's doubling), never kept.
   EXPECT_LT(hwm_growth, 256 * kMiB);
-  int64_t rss = StatusBytes(pid, "VmRSS");
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (rss > rss_start + 64 * kMiB && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(100));
-    rss = StatusBytes(pid, "VmRSS");
-  }
+  const int64_t rss = RssWithin(pid, rss_start + 64 * kMiB, absl::Seconds(10));
   std::printf("server RSS: start %.1f MiB, after %.1f MiB\n", rss_start / 1048576.0,
               rss / 1048576.0);
   EXPECT_LE(rss, rss_start + 64 * kMiB);
@@ -262,12 +264,7 @@ TEST(OversizedMessageTest, BurstsOfLargeRequestsGiveTheirMemoryBack) {
     for (std::thread& t : threads) t.join();
     EXPECT_EQ(good.load(), kThreads * kPerThread);
     rss_peak = std::max(rss_peak, StatusBytes(pid, "VmHWM"));
-    int64_t rss = StatusBytes(pid, "VmRSS");
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (rss > rss_start + 64 * kMiB && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(100));
-      rss = StatusBytes(pid, "VmRSS");
-    }
+    const int64_t rss = RssWithin(pid, rss_start + 64 * kMiB, absl::Seconds(10));
     std::printf("burst %d: server RSS start %.1f MiB, peak %.1f MiB, after %.1f MiB\n", burst,
                 rss_start / 1048576.0, rss_peak / 1048576.0, rss / 1048576.0);
     EXPECT_LE(rss, rss_start + 64 * kMiB) << "burst " << burst;
