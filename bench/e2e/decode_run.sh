@@ -16,13 +16,14 @@ SUMMARY="$OUT/summary.md"
 say() { echo "- $*" | tee -a "$SUMMARY"; }
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 SHAPE="--q-heads 32 --kv-heads 8 --head-dim 128"
+QL=${Q_LENS:-1,2,4,8,16}  # query rows per decode step
 
-timeout -k 5 300 "$NEW/bin/attnbench_decode" --context-tokens 131072,1048576 --q-lens ${Q_LENS:-1,2,4,8,16} \
+timeout -k 5 300 "$NEW/bin/attnbench_decode" --context-tokens 131072,1048576 --q-lens $QL \
   $SHAPE --iters ${ITERS:-30} --json-out "$OUT/decode_kernel.json" > "$OUT/decode_kernel.log" 2>&1
 say "attnbench_decode rc=$?:"; sed 's/^/    /' "$OUT/decode_kernel.log" | tee -a "$SUMMARY"
 
 PYTHONUNBUFFERED=1 timeout -k 5 400 python3 "$HERE/bench/decode_compare.py" \
-  --contexts 131072,1048576 --q-lens ${Q_LENS:-1,2,4,8,16} $SHAPE --iters ${ITERS:-30} \
+  --contexts 131072,1048576 --q-lens $QL $SHAPE --iters ${ITERS:-30} \
   --fa4-site "${FA4_SITE:-}" --ours "$OUT/decode_kernel.json" --json-out "$OUT/decode_compare.json" \
   --md-out "$OUT/decode_compare.md" > "$OUT/decode_compare.log" 2>&1
 say "decode_compare rc=$?:"; cat "$OUT/decode_compare.md" >> "$SUMMARY" 2>/dev/null
@@ -32,7 +33,7 @@ source "$(dirname "$0")/start_server.sh"
 start_server "$NEW/bin" "$OUT"
 for n in 131072 1048576; do
   timeout -k 5 200 "$NEW/bin/attnbench_context" --server "$ADDR" --mode decode \
-    --context-tokens $n --append-rows 65536 $SHAPE --q-lens ${Q_LENS:-1,2,4,8,16} --steps ${STEPS:-30} \
+    --context-tokens $n --append-rows 65536 $SHAPE --q-lens $QL --steps ${STEPS:-30} \
     --json-out "$OUT/decode_service_$n.json" > "$OUT/decode_service_$n.log" 2>&1
   say "decode through the service, $n rows, rc=$?:"
   sed 's/^/    /' "$OUT/decode_service_$n.log" | tee -a "$SUMMARY"
