@@ -154,6 +154,10 @@ RawOutcome SendRaw(v1::AttentionService::Stub* stub, const BadCase& c) {
   bool cancelled = false;
   for (size_t i = 0; i < c.messages.size(); ++i) {
     if (c.cancel_after >= 0 && static_cast<int>(i) == c.cancel_after) {
+      // Give the server time to read what was sent (bounded, as the AppendContext cancel case
+      // does), so the cancel lands mid-upload with the header parsed: a cancel that overtakes
+      // the header is logged without the request id (seen once in a CI-like run).
+      absl::SleepFor(absl::Milliseconds(200));
       context.TryCancel();
       cancelled = true;
       break;
