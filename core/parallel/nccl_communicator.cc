@@ -22,30 +22,10 @@
 namespace attnserve {
 namespace {
 
-// Polling of bounded waits. For the first kSpin the waiter only yields its thread: a transfer
-// of a few hundred kilobytes (a context-parallel decode step's partial) ends within tens of
-// microseconds of its peer's kernel, and a sleep would add the timer's granularity (~60 us) to
-// every such step. Then sleeps with back-off, short first (a ring step's transfer is often done
-// by the time the step's compute is), capped so an idle waiter costs little CPU.
-constexpr absl::Duration kSpin = absl::Microseconds(200);
+// Poll back-off of bounded waits: short first (a ring step's transfer is often done by the time
+// the step's compute is), capped so an idle waiter costs little CPU.
 constexpr absl::Duration kFirstPoll = absl::Microseconds(20);
 constexpr absl::Duration kMaxPoll = absl::Milliseconds(1);
-
-class PollBackoff {
- public:
-  void Pause() {
-    if (absl::Now() < spin_until_) {
-      std::this_thread::yield();
-      return;
-    }
-    absl::SleepFor(poll_);
-    poll_ = std::min(poll_ * 2, kMaxPoll);
-  }
-
- private:
-  const absl::Time spin_until_ = absl::Now() + kSpin;
-  absl::Duration poll_ = kFirstPoll;
-};
 
 class NcclTransfer final : public PendingTransfer::State {
  public:
@@ -167,7 +147,7 @@ absl::Status NcclCommunicator::Fail(absl::Status status) {
 
 absl::Status NcclCommunicator::WaitNotInProgress(absl::Time deadline,
                                                  const std::atomic<bool>* cancel) {
-  PollBackoff backoff;
+  absl::Duration poll = kFirstPoll;
   while (true) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -188,7 +168,8 @@ absl::Status NcclCommunicator::WaitNotInProgress(absl::Time deadline,
                        ": communicator still in progress at the deadline "
                        "(peers missing?)")));
     }
-    backoff.Pause();
+    absl::SleepFor(poll);
+    poll = std::min(poll * 2, kMaxPoll);
   }
 }
 
@@ -261,7 +242,7 @@ absl::Status NcclCommunicator::Wait(PendingTransfer transfer, const WaitOptions&
     CUDA_RETURN_IF_ERROR(cudaEventRecord(t->done, comm_stream_));
     t->recorded = true;
   }
-  PollBackoff backoff;
+  absl::Duration poll = kFirstPoll;
   while (true) {
     const cudaError_t q = cudaEventQuery(t->done);
     if (q == cudaSuccess) break;
@@ -282,7 +263,8 @@ absl::Status NcclCommunicator::Wait(PendingTransfer transfer, const WaitOptions&
                                                            ": transfer not complete after ",
                                                            absl::FormatDuration(options.timeout))));
     }
-    backoff.Pause();
+    absl::SleepFor(poll);
+    poll = std::min(poll * 2, kMaxPoll);
   }
   // Later compute reads the received buffer (and may overwrite the sent one) on its own stream.
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, t->done, 0));
