@@ -151,12 +151,15 @@ void Scheduler::DispatchLocked() {
     // devices then always has the same key, so its cached NCCL communicators are reused.
     std::vector<size_t> group = decision->devices;
     std::sort(group.begin(), group.end());
-    // A multi-device job takes every lane of its devices: it waits for them all. FIFO keeps
-    // anything behind it from starting meanwhile, so the lanes running now drain and no single
-    // job overtakes it.
+    // A multi-device job other than a context-parallel one takes every lane of its devices (its
+    // parts run on the lane-0 workers, which own the NCCL communicators): it waits for them all.
+    // FIFO keeps anything behind it from starting meanwhile, so the lanes running now drain and
+    // no single job overtakes it. A context-parallel job takes one lane of each device.
+    const bool every_lane =
+        group.size() > 1 && decision->placement != Placement::kContextParallel;
     for (size_t d : group) {
       const size_t free = FreeLanesLocked(d);
-      if (free == 0 || (group.size() > 1 && free != EndWorker(d) - FirstWorker(d))) return;
+      if (free == 0 || (every_lane && free != EndWorker(d) - FirstWorker(d))) return;
     }
     const int64_t estimate = group.size() == 1 ? loads[group.front()].estimate_bytes : 0;
     std::vector<Device*> devices;
@@ -180,7 +183,7 @@ void Scheduler::DispatchLocked() {
     };
     auto run = std::make_shared<GroupRun>(decision->placement, head.job, std::move(devices),
                                           std::move(env));
-    ReserveLocked(run, head.job, group, estimate, head.submitted);
+    ReserveLocked(run, head.job, group, every_lane, estimate, head.submitted);
     queue_.pop_front();
     if (metrics_ != nullptr) metrics_->SetQueueLength(static_cast<int64_t>(queue_.size()));
     cv_.notify_all();
@@ -189,18 +192,21 @@ void Scheduler::DispatchLocked() {
 
 void Scheduler::ReserveLocked(const std::shared_ptr<GroupRun>& run,
                               const std::shared_ptr<Job>& job, const std::vector<size_t>& group,
-                              int64_t estimate, absl::Time submitted) {
+                              bool every_lane, int64_t estimate, absl::Time submitted) {
+  const uint64_t id = ++last_reservation_;
   for (size_t r = 0; r < group.size(); ++r) {
     const size_t d = group[r];
     size_t part = EndWorker(d);  // the lane that runs this rank's part
     for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) {
-      if (workers_[w].busy) continue;  // only for a single job: a group's devices are all free
+      if (workers_[w].busy) continue;  // never with every_lane: those devices are all free
       if (part == EndWorker(d)) part = w;
-      if (group.size() == 1) break;
+      if (!every_lane) break;
       workers_[w].busy = true;
+      workers_[w].reservation = id;
     }
     Worker& w = workers_[part];
     w.busy = true;
+    w.reservation = id;
     w.reserved_bytes = estimate;
     w.run = run;
     w.job = job;
@@ -210,18 +216,16 @@ void Scheduler::ReserveLocked(const std::shared_ptr<GroupRun>& run,
   }
 }
 
-void Scheduler::ReleaseLocked(size_t worker, const std::vector<size_t>& group) {
-  auto release = [this](size_t w) {
-    workers_[w].busy = false;
-    workers_[w].reserved_bytes = 0;
-    workers_[w].group.clear();
-  };
-  if (group.size() == 1) {
-    release(worker);
-    return;
-  }
+void Scheduler::ReleaseLocked(uint64_t id, const std::vector<size_t>& group) {
   for (size_t d : group) {
-    for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) release(w);
+    for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) {
+      Worker& worker = workers_[w];
+      if (worker.reservation != id) continue;
+      worker.busy = false;
+      worker.reservation = 0;
+      worker.reserved_bytes = 0;
+      worker.group.clear();
+    }
   }
 }
 
@@ -258,6 +262,7 @@ void Scheduler::WorkerLoop(size_t index) {
     std::shared_ptr<Job> job;
     std::vector<size_t> group;
     int rank = 0;
+    uint64_t reservation = 0;
     absl::Time submitted;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -268,6 +273,7 @@ void Scheduler::WorkerLoop(size_t index) {
       job = w.job;
       group = w.group;
       rank = w.rank;
+      reservation = w.reservation;
       submitted = w.submitted;
     }
     const bool last = run->RunPart(rank, comms.get());
@@ -286,7 +292,7 @@ void Scheduler::WorkerLoop(size_t index) {
     Finish(*run, std::move(job), group, submitted);
     run.reset();
     std::lock_guard<std::mutex> lock(mu_);
-    ReleaseLocked(index, group);
+    ReleaseLocked(reservation, group);
     DispatchLocked();
   }
 }

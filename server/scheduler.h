@@ -5,7 +5,9 @@
 // (group_run.h) runs one rank per reserved device (a single device is a group of one), and the
 // last worker to finish reports. A single-device job takes one lane of its device; a multi-device
 // job (data parallel, ring) takes every lane of each of its devices and runs on their lane-0
-// workers (which own the NCCL communicators). Admission counts the estimates of the jobs already
+// workers (which own the NCCL communicators), except a context-parallel one, which needs no NCCL
+// and takes one lane of each device (Device::RunLaneTask), so decode steps against a sharded
+// context overlap as single-device requests do. Admission counts the estimates of the jobs already
 // running on a device. The scheduler speaks core types only; the RPC side converts at its edge
 // (wire/).
 #ifndef ATTNSERVE_SERVER_SCHEDULER_H_
@@ -95,6 +97,7 @@ class Scheduler {
     size_t device = 0;
     int lane = 0;
     bool busy = false;           // reserved by a job (until the whole group has finished)
+    uint64_t reservation = 0;    // which reservation holds it (ReserveLocked's id; 0: none)
     int64_t reserved_bytes = 0;  // the estimate of the single-device job holding it (admission)
     std::shared_ptr<GroupRun> run;
     std::shared_ptr<Job> job;
@@ -115,12 +118,14 @@ class Scheduler {
   size_t EndWorker(size_t d) const { return first_worker_[d + 1]; }
   size_t FreeLanesLocked(size_t d) const;
   int64_t ReservedBytesLocked(size_t d) const;
-  // Reserves the lanes of a placement and hands out its parts: one free lane of a single device
-  // (its estimate counted there), or every lane of each device of a group, the part to lane 0.
+  // Reserves the lanes of a placement and hands out its parts: one free lane of each device (a
+  // single device's estimate counted there), or with `every_lane` every lane of each device of
+  // the group, the part to lane 0.
   void ReserveLocked(const std::shared_ptr<GroupRun>& run, const std::shared_ptr<Job>& job,
-                     const std::vector<size_t>& group, int64_t estimate, absl::Time submitted);
-  // Frees what ReserveLocked reserved for `group` (the single lane: `worker`).
-  void ReleaseLocked(size_t worker, const std::vector<size_t>& group);
+                     const std::vector<size_t>& group, bool every_lane, int64_t estimate,
+                     absl::Time submitted);
+  // Frees exactly the lanes that reservation `id` holds on the devices of `group`.
+  void ReleaseLocked(uint64_t id, const std::vector<size_t>& group);
   // Starts queued jobs while the head fits somewhere. Caller holds mu_.
   void DispatchLocked();
   void WorkerLoop(size_t index);
@@ -143,6 +148,7 @@ class Scheduler {
   std::deque<Queued> queue_;
   const std::vector<size_t> first_worker_;  // per device, then the total (see FirstWorker)
   std::vector<Worker> workers_;
+  uint64_t last_reservation_ = 0;
   bool stopping_ = false;
   bool joined_ = false;
 };

@@ -436,6 +436,60 @@ TEST(SchedulerLanesTest, MultiDeviceJobTakesEveryLaneAndIsNotOvertaken) {
   EXPECT_TRUE(Eventually([&] { return h.scheduler->running() == 0; }));
 }
 
+// A context split 32 + 32 rows over cpu:0 and cpu:1, attended with two query rows.
+std::shared_ptr<Job> MakeShardedJob(std::promise<JobResult>* result) {
+  auto job = std::make_shared<Job>();
+  job->shape = AttentionShape{1, 2, 4, 2, 16, 64};
+  job->dtype = DType::kF32;
+  job->q = Filled({1, 2, 4, 16}, 7);
+  for (size_t d = 0; d < 2; ++d) {
+    KeyShard s;
+    s.device = d;
+    s.start = 32 * static_cast<int64_t>(d);
+    s.rows = 32;
+    s.k = Filled({1, 32, 2, 16}, 8 + d);
+    s.v = Filled({1, 32, 2, 16}, 10 + d);
+    job->key_shards.push_back(std::move(s));
+  }
+  job->done = [result](JobResult r) { result->set_value(std::move(r)); };
+  return job;
+}
+
+// A context-parallel job holds one lane of each of its devices, so two run at once, and when one
+// ends it frees exactly its own lanes: the other's stay reserved until it ends.
+TEST(SchedulerLanesTest, ContextParallelJobsTakeOneLaneOfEachDevice) {
+  LaneHarness h;
+  std::promise<JobResult> ra, rb, rs[3];
+  auto a = MakeShardedJob(&ra);
+  ASSERT_TRUE(h.scheduler->Submit(a).ok());
+  for (GateDevice* g : h.gates) g->WaitStarted(1);
+  ASSERT_TRUE(h.scheduler->Submit(MakeShardedJob(&rb)).ok());
+  for (GateDevice* g : h.gates) g->WaitStarted(2);  // beside the first: both lanes of each busy
+  EXPECT_EQ(h.scheduler->running(), 4u);
+  for (auto& r : rs) {
+    ASSERT_TRUE(h.scheduler->Submit(MakeAttentionJob(&r, PlacementHint::kSingle, false)).ok());
+  }
+  Settle();
+  EXPECT_EQ(h.gates[0]->started() + h.gates[1]->started(), 4);
+  // The first ends (cancelled while running): its two lanes, and only those, come free, so two
+  // of the three singles start while the second context-parallel job keeps its lanes.
+  a->cancel.store(true);
+  EXPECT_EQ(ra.get_future().get().status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(Eventually([&] { return h.gates[0]->started() + h.gates[1]->started() == 6; }));
+  Settle();
+  EXPECT_EQ(h.gates[0]->started() + h.gates[1]->started(), 6);
+  EXPECT_EQ(h.scheduler->queue_length(), 1u);
+  EXPECT_EQ(h.scheduler->running(), 4u);
+  for (GateDevice* g : h.gates) g->Open();
+  JobResult b = rb.get_future().get();
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(b.placement, Placement::kContextParallel);
+  EXPECT_EQ(b.devices, (std::vector<std::string>{"cpu:0", "cpu:1"}));
+  for (auto& r : rs) EXPECT_TRUE(r.get_future().get().status.ok());
+  for (GateDevice* g : h.gates) EXPECT_LE(g->max_running(), 2);
+  EXPECT_TRUE(Eventually([&] { return h.scheduler->running() == 0; }));
+}
+
 TEST(MultiDeviceSchedulerTest, RingAndDataParallelMatchSingle) {
   CpuHarness h(3);
   for (bool causal : {false, true}) {
@@ -525,7 +579,9 @@ TEST(MultiDeviceSchedulerTest, MixedPlacementsConcurrently) {
     JobResult r = results[i].get_future().get();
     ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
     EXPECT_LE(MaxAbsDiff(r.outputs.o, single.outputs.o), 1e-5) << i;
-    if (hints[i % 4] != PlacementHint::kAuto) EXPECT_EQ(r.placement, placements[i % 4]) << i;
+    if (hints[i % 4] != PlacementHint::kAuto) {
+      EXPECT_EQ(r.placement, placements[i % 4]) << i;
+    }
   }
   EXPECT_EQ(h.scheduler->queue_length(), 0u);
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <cmath>
+#include <mutex>
 #include <numeric>
 #include <utility>
 #include <variant>
@@ -197,7 +198,25 @@ struct CudaAttentionPlan::Dilated {
   int32_t block_size = 128;
 };
 
+struct CudaAttentionPlan::Scratch {
+  std::mutex mu;
+  DeviceBuffer slots[static_cast<int>(WorkspaceSlot::kCount)];
+  std::vector<DeviceBuffer> outgrown;  // replaced by larger ones, kept for queued work
+};
+
 CudaAttentionPlan::~CudaAttentionPlan() = default;
+
+absl::StatusOr<void*> CudaAttentionPlan::Workspace(WorkspaceSlot slot, int64_t bytes) const {
+  if (bytes <= 0) return nullptr;
+  std::lock_guard<std::mutex> lock(scratch_->mu);
+  DeviceBuffer& b = scratch_->slots[static_cast<int>(slot)];
+  if (b.get() != nullptr && b.size() >= static_cast<size_t>(bytes)) return b.get();
+  ATTN_ASSIGN_OR_RETURN(DeviceBuffer fresh,
+                        DeviceBuffer::Create(*alloc_, static_cast<size_t>(bytes)));
+  if (b.get() != nullptr) scratch_->outgrown.push_back(std::move(b));
+  b = std::move(fresh);
+  return b.get();
+}
 
 absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
     const AttentionSpec& spec, const AttentionShape& shape, DType dtype, CachingAllocator& alloc,
@@ -216,6 +235,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
   plan->kernel_options_ = options.kernel;
   plan->alloc_ = &alloc;
   plan->workspace_ = CudaWorkspaceSizesFor(spec, shape, dtype);
+  plan->scratch_ = std::make_unique<Scratch>();
   if (!IsSquare(spec, shape)) {
     if (std::holds_alternative<DilatedSpec>(spec.pattern)) {
       return absl::UnimplementedError(
@@ -350,25 +370,23 @@ absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v,
   const int64_t b = shape_.batch, n = shape_.tokens, hq = shape_.q_heads, hkv = shape_.kv_heads,
                 d = shape_.head_dim;
   // f32 inputs: bf16 copies on the device, sized by the workspace table.
-  DeviceBuffer qc, kc, vc, oc;
   const void* qx = q;
   const void* kx = k;
   const void* vx = v;
   void* ox = o;
   if (dtype_ == DType::kF32) {
     const int64_t nq = b * n * hq * d, nkv = b * shape_.kv_len() * hkv * d;
-    ATTN_ASSIGN_OR_RETURN(qc, DeviceBuffer::Create(*alloc_, workspace_.q_bf16));
-    ATTN_ASSIGN_OR_RETURN(kc, DeviceBuffer::Create(*alloc_, workspace_.k_bf16));
-    ATTN_ASSIGN_OR_RETURN(vc, DeviceBuffer::Create(*alloc_, workspace_.v_bf16));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc.get(), nq, stream));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc.get(), nkv, stream));
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc.get(), nkv, stream));
-    qx = qc.get();
-    kx = kc.get();
-    vx = vc.get();
+    ATTN_ASSIGN_OR_RETURN(void* qc, Workspace(WorkspaceSlot::kQBf16, workspace_.q_bf16));
+    ATTN_ASSIGN_OR_RETURN(void* kc, Workspace(WorkspaceSlot::kKBf16, workspace_.k_bf16));
+    ATTN_ASSIGN_OR_RETURN(void* vc, Workspace(WorkspaceSlot::kVBf16, workspace_.v_bf16));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, q, DType::kBF16, qc, nq, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, k, DType::kBF16, kc, nkv, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, v, DType::kBF16, vc, nkv, stream));
+    qx = qc;
+    kx = kc;
+    vx = vc;
     if (workspace_.o_bf16 > 0) {
-      ATTN_ASSIGN_OR_RETURN(oc, DeviceBuffer::Create(*alloc_, workspace_.o_bf16));
-      ox = oc.get();
+      ATTN_ASSIGN_OR_RETURN(ox, Workspace(WorkspaceSlot::kOBf16, workspace_.o_bf16));
     }
   }
   if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
@@ -418,11 +436,10 @@ absl::Status CudaAttentionPlan::RunDilated(const void* q, const void* k, const v
                 d = shape_.head_dim;
   const int64_t esize = static_cast<int64_t>(DTypeSize(compute_dtype_));
   // Accumulators: O f32 (the output itself when the output is f32), LSE = the output LSE.
-  DeviceBuffer o_acc_buf;
   float* o_acc = nullptr;
   if (workspace_.o_acc_f32 > 0) {
-    ATTN_ASSIGN_OR_RETURN(o_acc_buf, DeviceBuffer::Create(*alloc_, workspace_.o_acc_f32));
-    o_acc = o_acc_buf.as<float>();
+    ATTN_ASSIGN_OR_RETURN(void* acc, Workspace(WorkspaceSlot::kOAccF32, workspace_.o_acc_f32));
+    o_acc = static_cast<float*>(acc);
   } else {
     o_acc = static_cast<float*>(o);
   }

@@ -81,7 +81,10 @@ class CudaAttentionPlan {
   ~CudaAttentionPlan();
 
   // Enqueues the computation. `cancel` is polled between launches (CANCELLED when set). Does not
-  // synchronize; workspaces are returned to the allocator stream-ordered. `kernel` (if given) is
+  // synchronize. The workspaces a run needs are taken on its first run and kept by the plan
+  // (reused by later runs on the same stream) until it is destroyed, which its owner does only
+  // once the stream is idle: no block goes back to the allocator, which the lanes of a device
+  // share, while queued work may still use it. `kernel` (if given) is
   // set to the flash kernel the launches ran (every launch of a plan runs the same one; a plan
   // always launches at least once).
   absl::Status Run(const void* q, const void* k, const void* v, void* o, float* lse,
@@ -94,7 +97,8 @@ class CudaAttentionPlan {
   double sparsity() const { return sparsity_; }
   // Device bytes held by the plan (CSR, positions).
   int64_t plan_bytes() const { return plan_bytes_; }
-  // Workspace bytes Run() allocates (f32 input conversion, the dilated f32 accumulator).
+  // Workspace bytes Run() takes (f32 input conversion, the dilated and rect f32 accumulators; the
+  // split-KV decode partials are sized at run time and not counted).
   int64_t workspace_bytes() const { return workspace_.total(); }
 
   // Device bytes a run of (spec, shape, dtype) needs: inputs, outputs, plan (an upper bound of the
@@ -106,7 +110,14 @@ class CudaAttentionPlan {
   // core/cuda, named here so that the rect path's helpers can take its pieces).
   struct Rect;
 
+  // The plan's run workspaces, one buffer per use. Workspace returns a buffer of at least `bytes`
+  // (nullptr for 0) that lives until the plan is destroyed; a slot that must grow keeps its old
+  // buffer too, since queued work may still read it.
+  enum class WorkspaceSlot { kQBf16, kKBf16, kVBf16, kOBf16, kOAccF32, kDecodeSplits, kCount };
+  absl::StatusOr<void*> Workspace(WorkspaceSlot slot, int64_t bytes) const;
+
  private:
+  struct Scratch;
   struct Layout;   // an uploaded CSR (or implicit dense)
   struct Dilated;  // per branch and head group: strided segment runs
   CudaAttentionPlan() = default;
@@ -140,6 +151,7 @@ class CudaAttentionPlan {
   double sparsity_ = 0;
   int64_t plan_bytes_ = 0;
   CudaWorkspaceSizes workspace_;
+  std::unique_ptr<Scratch> scratch_;  // set by Create
 };
 
 }  // namespace attnserve

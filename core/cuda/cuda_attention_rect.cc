@@ -88,10 +88,11 @@ FlashDecodeProblem DecodeProblem(const CudaAttentionPlan::Rect::Piece& p,
 }
 
 // One split-KV decode piece: q/k/v/o/lse are the request's tensors (o: the output, or the f32
-// accumulator when `o_f32`); the split workspace comes from `alloc`.
+// accumulator when `o_f32`); the split workspace is the plan's (the pieces of a run share it: they
+// run in order on one stream).
 absl::Status RunDecodePiece(const CudaAttentionPlan::Rect::Piece& p, const AttentionShape& shape,
                             DType dtype, float scale, bool o_f32,
-                            const FlashKernelOptions& options, CachingAllocator& alloc,
+                            const FlashKernelOptions& options, const CudaAttentionPlan& plan,
                             const void* q, const void* k, const void* v, void* o, float* lse,
                             cudaStream_t stream, FlashKernel* ran) {
   const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
@@ -108,12 +109,11 @@ absl::Status RunDecodePiece(const CudaAttentionPlan::Rect::Piece& p, const Atten
   if (FlashDecodeEmpty(params)) return absl::OkStatus();  // O = 0, LSE = -inf from the fill
   ATTN_RETURN_IF_ERROR(PlanFlashDecodeSplits(&params, options.decode_splits, options.arch));
   *ran = params.wgmma ? FlashKernel::kSplitKvDecodeSm90 : FlashKernel::kSplitKvDecode;
-  DeviceBuffer partial;
   if (const int64_t bytes = FlashDecodeWorkspaceBytes(params); bytes > 0) {
-    ATTN_ASSIGN_OR_RETURN(partial, DeviceBuffer::Create(alloc, static_cast<size_t>(bytes)));
-    SetFlashDecodeWorkspace(&params, partial.get());
+    ATTN_ASSIGN_OR_RETURN(
+        void* splits, plan.Workspace(CudaAttentionPlan::WorkspaceSlot::kDecodeSplits, bytes));
+    SetFlashDecodeWorkspace(&params, splits);
   }
-  // The workspace goes back to the allocator stream-ordered, after the launches.
   return RunFlashDecode(params, stream);
 }
 
@@ -240,24 +240,24 @@ absl::Status CudaAttentionPlan::RunRect(const void* q, const void* k, const void
                 hkv = shape_.kv_heads, d = shape_.head_dim;
   const int64_t es = static_cast<int64_t>(DTypeSize(compute_dtype_));
   const int64_t o_elems = b * nq * hq * d;
-  DeviceBuffer acc;  // f32 O accumulator of overlapping pieces
+  void* acc = nullptr;  // f32 O accumulator of overlapping pieces
   if (rect_->accumulate) {
-    ATTN_ASSIGN_OR_RETURN(acc, DeviceBuffer::Create(*alloc_, workspace_.o_acc_f32));
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc.get(), 0, static_cast<size_t>(o_elems * 4), stream));
+    ATTN_ASSIGN_OR_RETURN(acc, Workspace(WorkspaceSlot::kOAccF32, workspace_.o_acc_f32));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc, 0, static_cast<size_t>(o_elems * 4), stream));
   } else if (rect_->fill_outputs) {
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o, 0, static_cast<size_t>(o_elems * es), stream));
   }
   if (rect_->fill_outputs) {
     CUDA_RETURN_IF_ERROR(LaunchFillFloat(lse, -INFINITY, b * hq * nq, stream));
   }
-  void* const o_base = rect_->accumulate ? acc.get() : o;
+  void* const o_base = rect_->accumulate ? acc : o;
   const int64_t o_es = rect_->accumulate ? 4 : es;
   for (const Rect::Piece& p : rect_->pieces) {
     if (cancel != nullptr && cancel->load()) return absl::CancelledError("cancelled");
     if (p.decode) {
       FlashKernel ran = FlashKernel::kSplitKvDecode;
       ATTN_RETURN_IF_ERROR(RunDecodePiece(p, shape_, compute_dtype_, scale_, rect_->accumulate,
-                                          kernel_options_, *alloc_, q, k, v, o_base, lse, stream,
+                                          kernel_options_, *this, q, k, v, o_base, lse, stream,
                                           &ran));
       if (kernel != nullptr) *kernel = ran;
       continue;
@@ -292,7 +292,7 @@ absl::Status CudaAttentionPlan::RunRect(const void* q, const void* k, const void
                                              kernel_options_, stream, kernel));
   }
   if (rect_->accumulate) {
-    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, acc.get(), compute_dtype_, o, o_elems, stream));
+    CUDA_RETURN_IF_ERROR(LaunchConvert(DType::kF32, acc, compute_dtype_, o, o_elems, stream));
   }
   return absl::OkStatus();
 }

@@ -6,7 +6,6 @@
 #include <array>
 #include <cstdio>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -150,7 +149,7 @@ class CudaDevice final : public Device {
 
   HostMemory& host_memory() override { return ProcessPinnedHostPool(); }
   absl::StatusOr<std::unique_ptr<ResidentMemory>> AllocateResident(int64_t bytes) override {
-    return MakeCudaResidentMemory(ordinal_, alloc_, alloc_gate_, &copies_, bytes);
+    return MakeCudaResidentMemory(ordinal_, alloc_, &copies_, bytes);
   }
   int lanes() const override { return lanes_.size(); }
 
@@ -210,7 +209,7 @@ class CudaDevice final : public Device {
       cudaStreamSynchronize(lane.stream);
       cudaGetLastError();
       lanes_.FreeDeferred(lane);
-    }  // the plan and buffers go back here, then the exclusive hold (if taken) is released
+    }  // the plan (with its workspaces) and buffers go back here, on an idle stream
     lanes_.Release(lane, /*all=*/false);
     if (info != nullptr) info->compute_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     return out;
@@ -225,6 +224,16 @@ class CudaDevice final : public Device {
     CudaLane& lane = lanes_.Acquire(/*all=*/true);
     absl::Status st = RunTaskOn(lane, task);
     lanes_.Release(lane, /*all=*/true);
+    return st;
+  }
+
+  // One lane, as Run holds: the task's stream is that lane's.
+  absl::Status RunLaneTask(int64_t host_bytes, const DeviceTask& task) override {
+    (void)host_bytes;
+    if (!task) return absl::InvalidArgumentError(absl::StrCat(name(), ": RunLaneTask: empty task"));
+    CudaLane& lane = lanes_.Acquire(/*all=*/false);
+    absl::Status st = RunTaskOn(lane, task);
+    lanes_.Release(lane, /*all=*/false);
     return st;
   }
 
@@ -327,9 +336,8 @@ class CudaDevice final : public Device {
     options.device = ordinal_;
     // The engine frees its workspace right after enqueueing: the block waits in the lane's
     // deferred list until Run has synchronized the lane's stream, since the allocator is shared
-    // by the lanes. Allocations pass the gate (see CudaRunHold::exclusive).
+    // by the lanes.
     options.workspace.allocate = [this](size_t bytes) -> absl::StatusOr<void*> {
-      std::shared_lock<std::shared_mutex> gate(alloc_gate_);
       return alloc_.Allocate(bytes);
     };
     options.workspace.free = [lane = &lane](void* ptr) { lane->deferred_frees.push_back(ptr); };
@@ -361,12 +369,9 @@ class CudaDevice final : public Device {
     const int64_t nkv = shape.batch * shape.tokens * shape.kv_heads * shape.head_dim;
     // The same bf16 copies (and sizes) as the own kernels' workspace, which EstimateBytes counts.
     const CudaWorkspaceSizes ws = CudaWorkspaceSizesFor(spec, shape, dtype);
-    {
-      std::shared_lock<std::shared_mutex> gate(alloc_gate_);
-      for (int64_t bytes : {ws.q_bf16, ws.k_bf16, ws.v_bf16, ws.o_bf16}) {
-        ATTN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(alloc_, bytes));
-        hold.extra.push_back(std::move(b));
-      }
+    for (int64_t bytes : {ws.q_bf16, ws.k_bf16, ws.v_bf16, ws.o_bf16}) {
+      ATTN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(alloc_, bytes));
+      hold.extra.push_back(std::move(b));
     }
     void* qc = hold.extra[0].get();
     void* kc = hold.extra[1].get();
@@ -383,10 +388,8 @@ class CudaDevice final : public Device {
   }
 #endif
 
-  // The run's device buffers into `hold`, past the allocation gate: one per tensor that is not
-  // read or written in place.
+  // The run's device buffers into `hold`: one per tensor that is not read or written in place.
   absl::Status AllocateBuffers(CudaRunHold& hold, const CudaRunIo& io) {
-    std::shared_lock<std::shared_mutex> gate(alloc_gate_);
     DeviceBuffer* ins[3] = {&hold.q, &hold.k, &hold.v};
     for (int i = 0; i < 3; ++i) {
       if (io.host_in[i] == nullptr) continue;
@@ -405,10 +408,9 @@ class CudaDevice final : public Device {
     return absl::OkStatus();
   }
 
-  // The plan of a run on the own kernels into `hold`, past the allocation gate.
+  // The plan of a run on the own kernels into `hold`.
   absl::Status CreatePlan(CudaLane& lane, CudaRunHold& hold, const AttentionSpec& spec,
                           const AttentionShape& shape, DType dtype) {
-    std::shared_lock<std::shared_mutex> gate(alloc_gate_);
     ATTN_ASSIGN_OR_RETURN(
         hold.plan,
         CudaAttentionPlan::Create(spec, shape, dtype, alloc_, lane.stream, nullptr, plan_options_));
@@ -430,13 +432,10 @@ class CudaDevice final : public Device {
                        io.lse_device != nullptr ? io.lse_device : hold.lse.as<float>()};
   }
 
-  // Enqueues the own kernels. A plan with workspaces returns them to the allocator while the
-  // stream may still use them: the run then holds the gate exclusively until Run has synchronized.
+  // Enqueues the own kernels. Their workspaces stay with the plan, which `hold` frees only once
+  // the lane's stream is idle.
   absl::Status RunOwn(CudaLane& lane, CudaRunHold& hold, const RunPointers& p,
                       const RunControl& control, FlashKernel* kernel) {
-    if (hold.plan->workspace_bytes() > 0) {
-      hold.exclusive = std::unique_lock<std::shared_mutex>(alloc_gate_);
-    }
     return hold.plan->Run(p.q, p.k, p.v, p.o, p.lse, lane.stream, control.cancel, kernel);
   }
 
@@ -524,9 +523,6 @@ class CudaDevice final : public Device {
   int64_t total_bytes_ = 0;
   HostCopyCounters copies_;  // this device's host copies (read by Stats)
   mutable CachingAllocator alloc_;
-  // Shared by allocations of the lanes' runs; exclusive while a run may have returned blocks its
-  // stream still uses (CudaRunHold::exclusive), so another lane never gets such a block.
-  std::shared_mutex alloc_gate_;
   // The engine each case ran on first (cuDNN refusals are not retried).
   std::mutex remembered_mu_;
   std::unordered_map<std::string, Chosen> remembered_;

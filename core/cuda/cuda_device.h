@@ -2,8 +2,9 @@
 // CudaOptions::lanes lanes: up to that many threads call Run at once, each run holding one lane
 // (its own non-blocking stream, timing events and cuDNN handle), so one request's host copies
 // overlap another's kernels. The lanes share the caching allocator; a run returns its blocks only
-// once its stream is idle (a plan whose workspaces go back stream-ordered keeps the other lanes
-// from allocating until then). RunTask takes every lane and runs on lane 0's stream. Run binds the
+// once its stream is idle (a plan keeps its workspaces until it is destroyed, after the run has
+// synchronized). RunTask takes every lane and runs on lane 0's stream; RunLaneTask takes one lane
+// and runs on its stream, beside the other lanes' runs. Run binds the
 // calling thread to the GPU; Stats() may be called from any thread.
 //
 // Engine choice (Run, per CudaOptions::engine; core/cuda/cuda_options.h describes the modes): dense

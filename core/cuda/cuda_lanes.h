@@ -11,7 +11,6 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,12 +42,9 @@ struct CudaLane {
 };
 
 // What one run holds on the device. Kept until the lane's stream is idle, so that a block goes
-// back to the shared caching allocator only when no queued work of this lane uses it.
+// back to the shared caching allocator only when no queued work of this lane uses it (the plan
+// keeps its workspaces for as long as it lives).
 struct CudaRunHold {
-  // Held (on the device's allocation gate) while the run may have returned blocks its stream still
-  // uses (a plan's workspaces go back stream-ordered inside CudaAttentionPlan::Run): no other lane
-  // allocates meanwhile. Declared first: released last.
-  std::unique_lock<std::shared_mutex> exclusive;
   std::unique_ptr<CudaAttentionPlan> plan;
   DeviceBuffer q, k, v, o, lse;
   std::vector<DeviceBuffer> extra;  // the cuDNN path's bf16 copies of f32 tensors

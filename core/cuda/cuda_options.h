@@ -82,8 +82,8 @@ struct CudaOptions {
   int64_t pinned_host_cap_bytes = 0;
   // Runs one GPU holds at once (Device::lanes, >= 1): each lane has its own non-blocking stream,
   // timing events and cuDNN handle, so one request's host copies overlap another's kernels (H2D
-  // and D2H run on separate copy engines). 1: one request at a time. Multi-GPU runs (rings, data
-  // parallel) take every lane of their GPUs.
+  // and D2H run on separate copy engines). 1: one request at a time. Multi-GPU runs over NCCL
+  // (rings, data parallel) take every lane of their GPUs; a context-parallel attend one of each.
   int lanes = 2;
 };
 

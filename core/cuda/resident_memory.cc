@@ -78,16 +78,12 @@ class CudaResidentMemory final : public ResidentMemory {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ResidentMemory>> MakeCudaResidentMemory(
-    int ordinal, CachingAllocator& alloc, std::shared_mutex& gate, HostCopyCounters* copies,
-    int64_t bytes) {
+    int ordinal, CachingAllocator& alloc, HostCopyCounters* copies, int64_t bytes) {
   DeviceScope scope(ordinal);
   CUDA_RETURN_IF_ERROR(scope.status());
-  DeviceBuffer buffer;
-  {
-    std::shared_lock<std::shared_mutex> lock(gate);
-    ATTN_ASSIGN_OR_RETURN(buffer,
-                          DeviceBuffer::Create(alloc, static_cast<size_t>(std::max<int64_t>(bytes, 1))));
-  }
+  ATTN_ASSIGN_OR_RETURN(
+      DeviceBuffer buffer,
+      DeviceBuffer::Create(alloc, static_cast<size_t>(std::max<int64_t>(bytes, 1))));
   return std::unique_ptr<ResidentMemory>(
       new CudaResidentMemory(ordinal, std::move(buffer), copies, bytes));
 }

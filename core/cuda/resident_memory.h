@@ -5,7 +5,6 @@
 #define ATTNSERVE_CORE_CUDA_RESIDENT_MEMORY_H_
 
 #include <memory>
-#include <shared_mutex>
 
 #include "absl/status/statusor.h"
 #include "core/cuda/caching_allocator.h"
@@ -14,12 +13,10 @@
 
 namespace attnserve {
 
-// `bytes` of GPU `ordinal` from `alloc`, taken under `gate` (shared: see CudaDevice's allocation
-// gate). Writes run on the calling thread's per-thread stream and are synchronised before they
+// `bytes` of GPU `ordinal` from `alloc`. Writes run on the calling thread's per-thread stream and are synchronised before they
 // return; their bytes are counted in `copies`. Every pointer must outlive the result.
 absl::StatusOr<std::unique_ptr<ResidentMemory>> MakeCudaResidentMemory(
-    int ordinal, CachingAllocator& alloc, std::shared_mutex& gate, HostCopyCounters* copies,
-    int64_t bytes);
+    int ordinal, CachingAllocator& alloc, HostCopyCounters* copies, int64_t bytes);
 
 }  // namespace attnserve
 

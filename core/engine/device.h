@@ -1,7 +1,8 @@
 // Device: one compute device (a GPU, or a share of the CPU) as the server's workers see it, and
-// the one way every multi-device strategy (core/parallel) runs its part on a device: RunTask. The
-// server runs lanes() worker threads per Device (its lane workers): up to lanes() of them may call
-// Run at once, while RunTask runs only with the whole device reserved (no Run in flight). This
+// the one way every multi-device strategy (core/parallel) runs its part on a device: RunTask (or
+// RunLaneTask). The server runs lanes() worker threads per Device (its lane workers): up to
+// lanes() of them may call Run or RunLaneTask at once, while RunTask runs only with the whole
+// device reserved (no Run in flight). This
 // header names no backend: core/cpu and core/cuda implement it, the server and core/parallel use
 // it.
 #ifndef ATTNSERVE_CORE_ENGINE_DEVICE_H_
@@ -38,7 +39,7 @@ struct DeviceContext {
   ThreadPool* pool = nullptr;             // CPU: the device's threads
   int cuda_ordinal = -1;                  // CUDA: the GPU the calling thread is bound to
   CachingAllocator* allocator = nullptr;  // CUDA: the device's caching allocator
-  CUstream_st* stream = nullptr;          // CUDA: the device's lane-0 stream (non-blocking)
+  CUstream_st* stream = nullptr;          // CUDA: the stream of the lane(s) the task holds
   HostMemory* host_memory = nullptr;      // the device's host memory (page-locked on CUDA)
   HostCopyCounters* copies = nullptr;     // CUDA: where the device counts its host copies
 };
@@ -148,6 +149,14 @@ class Device {
   // through ctx.allocator is counted by the allocator itself). CUDA devices synchronize their
   // stream and clear the CUDA error state afterwards, whatever the task returns.
   virtual absl::Status RunTask(int64_t host_bytes, const DeviceTask& task) = 0;
+  // Runs `task` like RunTask, but holding one lane only, so the device's other lanes keep running
+  // requests (and other lane tasks) meanwhile: for tasks that use no NCCL communicator (those
+  // belong to lane 0's worker) and free device memory only once their stream is idle. Called from
+  // a lane worker the scheduler reserved, like Run; ctx.stream is that lane's stream. The default
+  // (devices of one lane) is RunTask.
+  virtual absl::Status RunLaneTask(int64_t host_bytes, const DeviceTask& task) {
+    return RunTask(host_bytes, task);
+  }
 };
 
 }  // namespace attnserve

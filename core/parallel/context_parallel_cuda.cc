@@ -1,6 +1,7 @@
 // Context-parallel attends on GPUs (CUDA builds): each GPU's worker uploads the query rows its
 // shard may serve and runs them against the shard's K/V in place (CudaAttentionPlan on the
-// device's allocator and stream) into one buffer holding its partial O and LSE. The GPU holding
+// device's allocator and the stream of the one lane it holds: Device::RunLaneTask) into one buffer
+// holding its partial O and LSE. The GPU holding
 // the context's first rows (the root) copies every other shard's partial from that shard's GPU
 // (a CUDA peer copy on its own stream, ordered after the shard's kernels by an event the shard
 // records) and LSE-merges the partials into float32 accumulators (LaunchLseMergeInto) in shard
@@ -82,7 +83,10 @@ class ContextParallelGpuStrategy final : public GroupStrategy {
   absl::Status RunRank(int rank, Device& device, WorkerComms*, RankFigures& figures) override {
     if (!set_up_) return absl::InternalError("context parallel: rank started without its set-up");
     const absl::Time give_up = std::min(request_.deadline, absl::Now() + kPeerTimeout);
-    return device.RunTask(0, [&](DeviceContext& ctx) -> absl::Status {
+    // One lane of each GPU: no NCCL, and every buffer (the plan's workspaces too) goes back only
+    // once the lane's stream is idle, so the other lanes keep running meanwhile, the next decode
+    // step's ranks included.
+    return device.RunLaneTask(0, [&](DeviceContext& ctx) -> absl::Status {
       return RunOnDevice(rank, ctx, give_up, figures);
     });
   }

@@ -19,8 +19,9 @@ bool Eligible(const AttentionRequest& request, const DeviceLoad& load) {
 }
 
 // A request whose keys are split by sequence over devices (a sharded context) runs on exactly
-// those devices, together, once none of them is busy. Its memory is Q and the partial outputs on
-// each device (the keys are already there), so admission waits for the lanes only.
+// those devices, together, once each has a free lane (it takes one lane of each). Its memory is Q
+// and the partial outputs on each device (the keys are already there), so admission waits for
+// the lanes only.
 std::optional<PlacementDecision> PlaceContextParallel(const AttentionRequest& request,
                                                       absl::Span<const DeviceLoad> loads) {
   PlacementDecision d;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -91,19 +92,20 @@ class ShardedContextGpuTest : public ::testing::Test {
   }
 
   // One attend of `nq` query rows (hq query heads) against context `name`; checks the answer
-  // against the reference over the context's first `rows` rows.
+  // against the reference over the context's first `rows` rows. `q_seed` varies the query.
+  // Thread-safe (the fixture is read only).
   void ExpectAttendMatches(const std::string& name, int64_t rows, int64_t nq, int64_t hq,
                            std::optional<int64_t> q_offset, const std::string& spec_json,
-                           AttentionOutputs* result = nullptr) {
+                           AttentionOutputs* result = nullptr, uint64_t q_seed = 0) {
     SCOPED_TRACE(absl::StrCat("nq=", nq, " hq=", hq, " offset=", q_offset.value_or(-1), " ",
-                              spec_json, " seed=", seed_));
+                              spec_json, " seed=", seed_, " q_seed=", q_seed));
     v1::AttendHeader h = service_testing::Header(v1::DTYPE_BF16, 1, nq, hq, kHkv, kDim, spec_json);
     h.set_return_lse(true);
     h.set_context(name);
     if (q_offset) h.set_q_offset(*q_offset);
     service_testing::Inputs in;  // Q alone: an attend against a context
     in.q = *HostTensor::Create(DType::kBF16, {1, nq, hq, kDim});
-    FillUniform(in.q, seed_ + 100 + static_cast<uint64_t>(nq * 7 + hq));
+    FillUniform(in.q, seed_ + 100 + static_cast<uint64_t>(nq * 7 + hq) + 1000 * q_seed);
     // Q in one chunk; O and LSE come back into poisoned buffers.
     const service_testing::CallResult r =
         service_testing::Attend(stub_.get(), h, in, static_cast<int64_t>(in.q.nbytes()));
@@ -263,6 +265,30 @@ TEST_F(ShardedContextGpuTest, DecodeEqualsOneGpuAndReference) {
     EXPECT_THAT(text,
                 HasSubstr(absl::StrCat("attnserve_context_bytes{device=\"cuda:", d, "\"} 0\n")));
   }
+}
+
+// Decode steps from four client threads at once against the split context and the one-GPU one:
+// a context-parallel step holds one lane of each GPU, so steps overlap one another and the
+// single-GPU steps (and the split-KV workspaces of concurrent plans share the allocator); each
+// answer, on its own fresh query, matches the reference.
+TEST_F(ShardedContextGpuTest, ConcurrentDecodeStepsMatchReference) {
+  v1::ContextStatus st;
+  ASSERT_TRUE(Create("split", kRows, 2, &st).ok());
+  ASSERT_TRUE(Create("one", kRows, 1, &st).ok());
+  for (const char* name : {"split", "one"}) ASSERT_TRUE(Append(name, 0, kRows, nullptr).ok());
+  constexpr int kThreads = 4, kSteps = 6;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < kSteps; ++i) {
+        const char* name = (t + i) % 4 == 3 ? "one" : "split";
+        const int64_t nq = i % 2 == 0 ? 1 : 4;
+        ExpectAttendMatches(name, kRows, nq, 16, std::nullopt, R"({"dense": {}, "causal": true})",
+                            nullptr, static_cast<uint64_t>(1 + t * kSteps + i));
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
 }
 
 }  // namespace
