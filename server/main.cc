@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cuda/cuda_options.h"
+#include "core/cuda/engine_table.h"
 #include "core/util/flag_names.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -101,6 +102,10 @@ ABSL_FLAG(std::string, log_format, "text",
 ABSL_FLAG(std::string, attention_engine, "auto",
           "CUDA backend: engine for dense/window specs: auto (cuDNN where it can run the case, "
           "else our kernels) | own (our kernels only) | cudnn (cuDNN, no fallback)");
+ABSL_FLAG(std::string, engine_table, "",
+          "CUDA backend: CSV of our kernel's and cuDNN's measured times per GPU model and case "
+          "(bench/engine_table.py writes it); --attention-engine auto runs a case on our kernels "
+          "where they were at least 3% faster. Empty: the built-in table");
 ABSL_FLAG(std::string, flash_kernel, "auto",
           "CUDA backend: our flash kernel: auto (Hopper wgmma kernel on 9.x GPUs, else sm80) | "
           "sm80 | sm90");
@@ -166,6 +171,16 @@ absl::StatusOr<CudaOptions> CudaOptionsFromFlags() {
       ParseAttentionEngine(absl::GetFlag(FLAGS_attention_engine), "--attention-engine");
   if (!engine.ok()) return engine.status();
   options.engine = *engine;
+  // A table that does not parse stops the start: serving with another table than the one asked
+  // for would silently change which engine runs.
+  if (const std::string path = absl::GetFlag(FLAGS_engine_table); !path.empty()) {
+    absl::StatusOr<EngineTable> table = EngineTable::ReadFile(path);
+    if (!table.ok()) {
+      return absl::Status(table.status().code(),
+                          absl::StrCat("--engine-table: ", table.status().message()));
+    }
+    options.engine_table = std::make_shared<const EngineTable>(*std::move(table));
+  }
   absl::StatusOr<FlashKernelArch> arch =
       ParseFlashKernelArch(absl::GetFlag(FLAGS_flash_kernel), "--flash-kernel");
   if (!arch.ok()) return arch.status();

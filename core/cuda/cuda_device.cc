@@ -21,6 +21,7 @@
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_lanes.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/engine_table.h"
 #include "core/cuda/host_copy.h"
 #include "core/cuda/pinned_host_pool.h"
 #include "core/cuda/resident_memory.h"
@@ -239,7 +240,11 @@ class CudaDevice final : public Device {
 
  private:
   CudaDevice(int ordinal, const CudaOptions& options)
-      : ordinal_(ordinal), engine_mode_(options.engine), alloc_(ordinal) {
+      : ordinal_(ordinal),
+        engine_mode_(options.engine),
+        engine_table_(options.engine_table != nullptr ? options.engine_table
+                                                      : BuiltinEngineTable()),
+        alloc_(ordinal) {
     plan_options_.kernel = options.flash;
   }
 
@@ -304,6 +309,16 @@ class CudaDevice final : public Device {
       if (auto it = remembered_.find(key); it != remembered_.end()) {
         if (it->second == Chosen::kOwn) return Chosen::kOwn;
         known_cudnn = true;
+      }
+    }
+    // auto: a case the table measured faster on our kernels (on this GPU model) stays on them,
+    // and cuDNN is neither loaded nor asked for it.
+    if (engine_mode_ == AttentionEngine::kAuto && !known_cudnn) {
+      const std::optional<EngineTableDecision> measured = engine_table_->Lookup(
+          model_, PatternName(spec.pattern), spec.causal, dtype, shape.head_dim, shape.tokens);
+      if (measured.has_value() && measured->engine == EngineTableChoice::kOwn) {
+        Remember(key, Chosen::kOwn, measured->reason);
+        return Chosen::kOwn;
       }
     }
     // Each lane has its own cuDNN engine: this lane's may not exist yet.
@@ -517,6 +532,7 @@ class CudaDevice final : public Device {
 
   const int ordinal_;
   const AttentionEngine engine_mode_;
+  const std::shared_ptr<const EngineTable> engine_table_;  // what kAuto consults (never null)
   CudaAttentionPlan::Options plan_options_;  // the flash kernel options of every plan
   std::string model_;
   std::string uuid_;

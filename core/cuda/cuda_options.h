@@ -7,14 +7,18 @@
 #define ATTNSERVE_CORE_CUDA_CUDA_OPTIONS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "core/cuda/engine_table.h"
 
 namespace attnserve {
 
 // Which attention engine a CUDA device runs dense/window specs on.
-//   kAuto:  cuDNN where it can run the case and our kernels could too; our kernels otherwise.
+//   kAuto:  cuDNN where it can run the case and our kernels could too, unless the engine table
+//           (CudaOptions::engine_table) measured our kernels faster on that GPU and case; our
+//           kernels otherwise.
 //   kOwn:   our flash_fwd kernels only (cuDNN is never loaded).
 //   kCudnn: cuDNN for every dense/window case it is meant for; no fallback.
 // block_sparse and dilated specs always run on our kernels.
@@ -76,6 +80,9 @@ struct FlashKernelOptions {
 
 struct CudaOptions {
   AttentionEngine engine = AttentionEngine::kAuto;
+  // What kAuto consults before it sends a dense/window case to cuDNN (core/cuda/engine_table.h;
+  // the server's --engine-table). Null: the built-in table (BuiltinEngineTable).
+  std::shared_ptr<const EngineTable> engine_table;
   FlashKernelOptions flash;
   // Page-locked host memory the process may hold for request buffers and staging
   // (core/cuda/pinned_host_pool.h); <= 0: half of the host's physical memory.

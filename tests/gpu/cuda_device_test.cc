@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/cuda/engine_table.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
 #include "gtest/gtest.h"
@@ -254,6 +255,49 @@ TEST(CudaDeviceEngineModes, HeadDimOutsideOwnKernels) {
   EXPECT_LE(e.lse_max_abs, LseTol(c.dtype));
   EXPECT_EQ(info.engine, kEngineCudnn);
   EXPECT_EQ(cudnn->Stats().memory_used_bytes, 0);
+}
+
+// Auto mode reads the engine table: a row of this GPU's model that has our kernel faster keeps
+// the case on it (cuDNN is never asked); a row that has cuDNN faster, or none, leaves it on
+// cuDNN. Both answers are checked against the reference.
+TEST(CudaDeviceEngineModes, EngineTableMovesACaseToOurKernel) {
+  SKIP_WITHOUT_GPU();
+#ifndef ATTNSERVE_HAVE_CUDNN_FRONTEND
+  GTEST_SKIP() << "no cuDNN path in this build";
+#endif
+  const Case c{"dense_causal", Spec(DenseSpec{}, true), {1, 1024, 4, 4, 128}, DType::kBF16};
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed=", seed));
+  const QkvInputs in = MakeRandomInputs(c.shape, c.dtype, seed);
+  auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::unique_ptr<Device> probe = MakeDevice(AttentionEngine::kAuto);
+  ASSERT_TRUE(probe != nullptr);
+  const std::string model = probe->model();
+  probe.reset();
+  for (bool own_faster : {true, false}) {
+    SCOPED_TRACE(own_faster ? "own faster" : "cuDNN faster");
+    const std::string csv =
+        absl::StrCat(std::string(kEngineTableHeader), "\n", model, ",bf16,128,true,dense,2048,",
+                     own_faster ? "1.0,2.0" : "2.0,1.0", ",test\n");
+    absl::StatusOr<EngineTable> table = EngineTable::Parse(csv, "test");
+    ASSERT_TRUE(table.ok()) << table.status();
+    CudaOptions options;
+    options.engine = AttentionEngine::kAuto;
+    options.engine_table = std::make_shared<const EngineTable>(*std::move(table));
+    auto made = MakeCudaDevices({0}, options);
+    ASSERT_TRUE(made.ok()) << made.status();
+    Device& dev = *(*made)[0];
+    RunInfo info;
+    auto out = dev.Run(c.spec, in.q, in.k, in.v, RunControl{}, &info);
+    ASSERT_TRUE(out.ok()) << out.status();
+    if (!own_faster && info.engine != kEngineCudnn) GTEST_SKIP() << "cuDNN does not load here";
+    EXPECT_EQ(info.engine, own_faster ? kEngineFlashFwd : kEngineCudnn);
+    const ErrorStats e = CompareToReference(*ref, out->o, &out->lse);
+    EXPECT_EQ(e.nonfinite, 0);
+    EXPECT_LE(e.o_rel, OTol(c.dtype));
+    EXPECT_LE(e.lse_max_abs, LseTol(c.dtype));
+  }
 }
 
 TEST(CudaDeviceEngineModes, CancelledBeforeTheEngineRuns) {
