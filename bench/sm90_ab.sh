@@ -23,7 +23,7 @@ if [ -x "$BIN/flash_sm90_test" ]; then
 fi
 
 CASES=${CASES:-dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99}
-CONFIGS=${CONFIGS:-"cpasync:--sm90_tma=false tma:--sm90_tma=true tma_overlap:--sm90_tma=true,--sm90_overlap=true"}
+CONFIGS=${CONFIGS:-"cpasync:--sm90_tma=false,--sm90_overlap=false tma:--sm90_tma=true,--sm90_overlap=false tma_overlap:--sm90_tma=true,--sm90_overlap=true"}
 for REP in 1 2; do
   for CONFIG in $CONFIGS; do
     NAME="${CONFIG%%:*}_$REP"

@@ -31,9 +31,10 @@ ABSL_FLAG(std::string, sm90_schedule, "",
 ABSL_FLAG(bool, sm90_tma, true,
           "persistent Hopper schedule: load K and V by TMA where the tensors allow it (false: "
           "cp.async)");
-ABSL_FLAG(bool, sm90_overlap, false,
+ABSL_FLAG(std::string, sm90_overlap, "auto",
           "persistent Hopper schedule: overlap each key tile's softmax with the previous tile's "
-          "P V GEMM inside a warpgroup");
+          "P V GEMM inside a warpgroup: auto (at head dim 128) | on | off (true / false: on / "
+          "off)");
 
 namespace attnserve::bench {
 namespace {
@@ -56,7 +57,13 @@ int Main() {
     return 2;
   }
   opt.cuda = *cuda;
-  opt.cuda.flash.sm90_overlap = absl::GetFlag(FLAGS_sm90_overlap);
+  absl::StatusOr<Sm90Overlap> overlap =
+      ParseSm90Overlap(absl::GetFlag(FLAGS_sm90_overlap), "--sm90_overlap");
+  if (!overlap.ok()) {
+    std::fprintf(stderr, "attnbench_cuda: %s\n", overlap.status().ToString().c_str());
+    return 2;
+  }
+  opt.cuda.flash.sm90_overlap = *overlap;
   opt.cuda.flash.sm90_tma = absl::GetFlag(FLAGS_sm90_tma);
   absl::StatusOr<CudaBenchReport> report = RunCudaBench(opt);
   if (!report.ok()) {

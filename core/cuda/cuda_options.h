@@ -50,6 +50,15 @@ enum class Sm90Schedule { kSingleTile, kPersistent };
 //   kPosition: one group (position-major over every head);  kHead: one pair per group.
 enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 
+// Whether the persistent schedule's consumers overlap each key tile's softmax with the previous
+// tile's P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together; it needs TMA loads, and
+// runs without it the sequential consumer). kOff: GEMMs and softmax of a tile in sequence, the
+// other warpgroup filling the tensor cores (ping-pong) meanwhile. kAuto: on at head dim 128, off
+// at 64 (measured on an H200, two interleaved reps per side, in
+// bench/results/h200x2-2026-11-27-kernel/overlap-default: at D = 128 the overlap was 2-4% faster
+// on the block-sparse cases and within the run's spread dense; at D = 64 it was 1-3% slower).
+enum class Sm90Overlap { kAuto, kOn, kOff };
+
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
 // dense or window specs, not square):
 //   kSplitKv:  the flash_decode kernels (split over the keys, query heads of a KV head packed);
@@ -68,10 +77,8 @@ struct FlashKernelOptions {
   // > 0: (head, batch, segment) pairs per work-item group, overriding item_order (tests: groups
   // of uneven size); 0: from item_order.
   int persistent_head_group = 0;
-  // The persistent schedule's consumers overlap each key tile's softmax with the previous tile's
-  // P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together); false: GEMMs and softmax of a
-  // tile in sequence, the other warpgroup filling the tensor cores (ping-pong) meanwhile.
-  bool sm90_overlap = false;
+  // The persistent schedule's consumer (Sm90Overlap above).
+  Sm90Overlap sm90_overlap = Sm90Overlap::kAuto;
   // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
   // complete on the stage barrier) where the tensors allow it (16-byte aligned pointers and
   // strides), else by cp.async from two producer warps; false: always cp.async.
@@ -99,6 +106,7 @@ std::string_view AttentionEngineName(AttentionEngine engine);  // "auto", "own",
 std::string_view FlashKernelArchName(FlashKernelArch arch);    // "auto", "sm80", "sm90"
 std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "single_tile", ...
 std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
+std::string_view Sm90OverlapName(Sm90Overlap overlap);         // "auto", "on", "off"
 
 // Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
 absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
@@ -111,6 +119,9 @@ absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name,
                                                std::string_view what = "sm90 schedule");
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,
                                                  std::string_view what = "sm90 item order");
+// Also takes true / false (the former boolean flag) for on / off.
+absl::StatusOr<Sm90Overlap> ParseSm90Overlap(std::string_view name,
+                                             std::string_view what = "sm90 overlap");
 
 // `base` with the environment's overrides applied, each read once here (unset or empty: keep):
 // ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v3 or a

@@ -389,8 +389,9 @@ std::unique_ptr<Device> MakeLanesDevice(AttentionEngine engine, int lanes) {
 }
 
 // Two threads run different cases (own kernels and, where it loads, cuDNN; f32 ones whose plan
-// takes workspaces from the shared allocator; block-sparse and dilated) on one device of two lanes, several
-// times each on fresh seeded inputs: every output matches the float64 reference element-wise.
+// takes workspaces from the shared allocator; block-sparse and dilated) on one device of two
+// lanes, several times each on fresh seeded inputs: every output matches the float64 reference
+// element-wise.
 TEST(CudaDeviceLanes, ConcurrentRunsMatchReference) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<Device> dev = MakeLanesDevice(AttentionEngine::kAuto, 2);

@@ -318,7 +318,7 @@ TEST_P(FlashSm90PieceTest, RectangularPiecesWithOffsets) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               overlap ? ", overlap" : "", tma ? "" : ", cp.async"));
     FlashKernelOptions options = ForcedSm90(schedule);
-    options.sm90_overlap = overlap;
+    options.sm90_overlap = overlap ? Sm90Overlap::kOn : Sm90Overlap::kOff;
     options.sm90_tma = tma;
     {
       std::vector<float> ninf(n * hq, -std::numeric_limits<float>::infinity());

@@ -171,7 +171,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
                               overlap ? ", overlap" : "", tma ? ", tma" : ", cp.async",
                               ", head group ", head_group));
     FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
-    options.sm90_overlap = overlap;
+    options.sm90_overlap = overlap ? Sm90Overlap::kOn : Sm90Overlap::kOff;
     options.sm90_tma = tma;
     options.persistent_head_group = head_group;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
@@ -324,6 +324,12 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
        {Sm90ItemOrder::kAuto, Sm90ItemOrder::kPosition, Sm90ItemOrder::kHead}) {
     EXPECT_EQ(*ParseSm90ItemOrder(Sm90ItemOrderName(o)), o);
   }
+  for (const Sm90Overlap o : {Sm90Overlap::kAuto, Sm90Overlap::kOn, Sm90Overlap::kOff}) {
+    EXPECT_EQ(*ParseSm90Overlap(Sm90OverlapName(o)), o);
+  }
+  EXPECT_EQ(*ParseSm90Overlap("true"), Sm90Overlap::kOn);  // the former boolean flag's values
+  EXPECT_EQ(*ParseSm90Overlap("false"), Sm90Overlap::kOff);
+  EXPECT_EQ(ParseSm90Overlap("sometimes").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,
@@ -381,7 +387,7 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     for (int i = 0; i < kRuns; ++i) {
       if (i > 0 && !TestsSchedule(schedules[i])) continue;
       FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);
-      options.sm90_overlap = i == kRuns - 1;
+      options.sm90_overlap = i == kRuns - 1 ? Sm90Overlap::kOn : Sm90Overlap::kOff;
       absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
       ASSERT_TRUE(run.ok()) << run.status();
       o[i] = std::move(run->o);

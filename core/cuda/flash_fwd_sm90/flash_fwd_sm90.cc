@@ -76,7 +76,10 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
         group = std::min(options.persistent_head_group,
                          std::max(1, p.num_heads * p.batch * p.num_segs));
       }
-      return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, options.sm90_overlap,
+      // Sm90Overlap::kAuto: the overlapped consumer at head dim 128 only (cuda_options.h).
+      const bool overlap = options.sm90_overlap == Sm90Overlap::kOn ||
+                           (options.sm90_overlap == Sm90Overlap::kAuto && kHeadDim == 128);
+      return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, overlap,
                                                            options.sm90_tma, stream);
     }
     case FlashKernel::kSm90SingleTile:

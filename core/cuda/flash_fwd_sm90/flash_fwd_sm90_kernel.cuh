@@ -134,22 +134,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) FlashFwdSm90Kernel(const
   const int64_t n = p.seqlen;
   const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
 
-  int64_t begin = 0, count = 0;
-  if (p.col_idx != nullptr) {
-    begin = p.row_ptr[row];
-    count = p.row_ptr[row + 1] - begin;
-  } else {
-    count = p.dense_causal ? min(row + 1, p.num_k_blocks) : p.num_k_blocks;
-  }
-  auto block_of = [&](int64_t e, int& mask) -> int64_t {
-    if (p.col_idx != nullptr) {
-      mask = p.block_mask[begin + e];
-      return p.col_idx[begin + e];
-    }
-    mask = (p.dense_causal && e == row) ? 1 : 0;
-    return e;
+  // The row's kept tiles, as the persistent kernel's items walk them (tile scheduler header).
+  int64_t begin = 0;
+  int count = 0;
+  ItemRange(p, static_cast<int>(row), begin, count);
+  auto block_of = [&](int e, int& mask) -> int64_t {
+    return TileKeyBlock(p, static_cast<int>(row), begin, e, mask);
   };
-  auto load_kv = [&](int64_t e, int stage) {
+  auto load_kv = [&](int e, int stage) {
     int mask;
     const int64_t k0 = block_of(e, mask) * kBlock;
     const uint32_t base = smem_kv + stage * kStageBytes;
@@ -177,13 +169,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) FlashFwdSm90Kernel(const
   const bool wg_active = wg_row0 < n;  // warpgroup-uniform: all its rows past the end -> idle
   const uint32_t q_wg = smem_q + wg * 64 * 128;  // this warpgroup's (64, kHeadDim) Q rows
 
-  for (int64_t e = 0; e < count; ++e) {
+  for (int e = 0; e < count; ++e) {
     CpAsyncWait<kStages - 2>();
     FenceProxyAsyncShared();
     __syncthreads();  // tile e visible to every warpgroup; all done with tile e - 1's stage
     {
-      const int64_t next = e + kStages - 1;
-      if (next < count) load_kv(next, static_cast<int>(next % kStages));
+      const int next = e + kStages - 1;
+      if (next < count) load_kv(next, next % kStages);
       CpAsyncCommit();
     }
 

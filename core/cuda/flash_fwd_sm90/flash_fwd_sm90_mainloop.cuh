@@ -25,9 +25,41 @@ namespace flash_sm90 {
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
 
-// Issues S = Q K^T for the warpgroup's 64 rows: (64, kHeadDim) Q at q_wg times the (kBlock,
-// kHeadDim) K tile, both K-major in smem, into s (64, kBlock). kHeadDim / 16 wgmma k-steps of
-// 32 bytes inside a 128-byte panel row, the next panel every 4. Not waited for: WaitScores.
+// The wgmma k-steps of S = Q K^T for the warpgroup's 64 rows: (64, kHeadDim) Q at q_wg times the
+// (kBlock, kHeadDim) K tile, both K-major in smem, into s (64, kBlock); kHeadDim / 16 k-steps of
+// 32 bytes inside a 128-byte panel row, the next panel every 4. Neither fenced nor committed.
+// The descriptors are built once per call: their start-address field is (address >> 4) in bits
+// [0, 14) and shared-memory addresses stay below 2^18, so the descriptor of (address + off) is
+// the base descriptor + (off >> 4) without a carry out of the field: one add per k-step instead
+// of MakeDesc's mask, shift and or (the profile of the dense kernel had ~50 uniform LOP3s per
+// warp and tile, most of them descriptor arithmetic).
+template <typename Traits>
+__device__ __forceinline__ void ScoresSteps(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
+                                            uint32_t k_tile) {
+  const uint64_t da = MakeDesc(q_wg, 16, 1024);
+  const uint64_t db = MakeDesc(k_tile, 16, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+    const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
+    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, da + (koff >> 4), db + (koff >> 4), kk > 0 ? 1 : 0);
+  }
+}
+
+// The wgmma k-steps of O (64, kHeadDim) += P (64, kBlock) V, V = the (kBlock, kHeadDim) tile read
+// MN-major (LBO = panel stride: next 64 head-dim columns; SBO = 1024: next 8 keys; a 16-key k-step
+// is 16 rows of 128 bytes), P from registers. Neither fenced nor committed; descriptors as in
+// ScoresSteps.
+template <typename Traits>
+__device__ __forceinline__ void PvSteps(float (&acc_o)[Traits::kHeadDim / 2],
+                                        uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
+  const uint64_t db = MakeDesc(v_tile, Traits::kPanelBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Traits::kBlock / 16; ++kk) {
+    Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db + ((kk * 16 * 128) >> 4), 1);
+  }
+}
+
+// Issues S = Q K^T (ScoresSteps) as one commit group, s zeroed first. Not waited for: WaitScores.
 template <typename Traits>
 __device__ __forceinline__ void IssueScores(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
                                             uint32_t k_tile) {
@@ -36,13 +68,7 @@ __device__ __forceinline__ void IssueScores(float (&s)[Traits::kBlock / 2], uint
 #pragma unroll
   for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
   WgmmaFence();
-#pragma unroll
-  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
-    const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
-    const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
-    const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
-    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
-  }
+  ScoresSteps<Traits>(s, q_wg, k_tile);
   WgmmaCommit();
 }
 
@@ -76,26 +102,19 @@ __device__ __forceinline__ void PackP(const float (&s)[kBlock / 2],
   }
 }
 
-// O (64, kHeadDim) += P (64, kBlock) V, V = the (kBlock, kHeadDim) tile read MN-major
-// (LBO = panel stride: next 64 head-dim columns; SBO = 1024: next 8 keys; a 16-key k-step is
-// 16 rows of 128 bytes). Waited for before returning: the caller releases the stage next.
+// O += P V (PvSteps), waited for before returning: the caller releases the stage next.
 template <typename Traits>
 __device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
                                        uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
-  constexpr int kKSteps = Traits::kBlock / 16;
 #pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
+  for (int kk = 0; kk < Traits::kBlock / 16; ++kk) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) FenceReg(pa[kk][j]);
   }
 #pragma unroll
   for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
   WgmmaFence();
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    const uint64_t db = MakeDesc(v_tile + kk * 16 * 128, Traits::kPanelBytes, 1024);
-    Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db, 1);
-  }
+  PvSteps<Traits>(acc_o, pa, v_tile);
   WgmmaCommit();
   WgmmaWait<0>();
 #pragma unroll
@@ -126,23 +145,9 @@ __device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2],
 #pragma unroll
   for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
   WgmmaFence();
-  if (scores) {
-#pragma unroll
-    for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
-      const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
-      const uint64_t da = MakeDesc(q_wg + koff, 16, 1024);
-      const uint64_t db = MakeDesc(k_tile + koff, 16, 1024);
-      Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, da, db, kk > 0 ? 1 : 0);
-    }
-  }
+  if (scores) ScoresSteps<Traits>(s, q_wg, k_tile);
   WgmmaCommit();
-  if (pv) {
-#pragma unroll
-    for (int kk = 0; kk < kPvSteps; ++kk) {
-      const uint64_t db = MakeDesc(v_tile + kk * 16 * 128, Traits::kPanelBytes, 1024);
-      Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db, 1);
-    }
-  }
+  if (pv) PvSteps<Traits>(acc_o, pa, v_tile);
   WgmmaCommit();
 }
 

@@ -90,23 +90,19 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int item = static_cast<int>(blockIdx.x); item < num_items;
        item += static_cast<int>(gridDim.x)) {
-    int row, y, z;
-    DecodeItem(p, item, hz, head_group, row, y, z);
-    int64_t begin = 0;
-    int count;
-    ItemRange(p, row, begin, count);
+    const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
     const Elem* k_base;
     const Elem* v_base;
-    KvBase<Elem>(p, y, z, k_base, v_base);
+    KvBase<Elem>(p, w.y, w.z, k_base, v_base);
     // This warp's tiles of the item: global index G = g + e with G % kProducerWarps == warp.
     const int e0 = static_cast<int>(
         (static_cast<uint32_t>(warp) + kProducerWarps - g % kProducerWarps) % kProducerWarps);
-    for (int e = e0; e < count; e += kProducerWarps) {
+    for (int e = e0; e < w.count; e += kProducerWarps) {
       const uint32_t gi = g + static_cast<uint32_t>(e);
-      ProduceKvTile<Traits>(p, sm, row, begin, e, static_cast<int>(gi % Traits::kStages),
+      ProduceKvTile<Traits>(p, sm, w.row, w.begin, e, static_cast<int>(gi % Traits::kStages),
                             gi / Traits::kStages, k_base, v_base, nk, lane);
     }
-    g += static_cast<uint32_t>(count);
+    g += static_cast<uint32_t>(w.count);
   }
 }
 
@@ -137,21 +133,17 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int item = static_cast<int>(blockIdx.x); item < num_items;
        item += static_cast<int>(gridDim.x)) {
-    int row, y, z;
-    DecodeItem(p, item, hz, head_group, row, y, z);
-    int64_t begin = 0;
-    int count;
-    ItemRange(p, row, begin, count);
-    const int kv_head = (p.head_start + y * p.head_step) / p.kv_group;
-    const int batch = z / p.num_segs;
-    const int seg = z % p.num_segs;
+    const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
+    const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
+    const int batch = w.z / p.num_segs;
+    const int seg = w.z % p.num_segs;
     if (lane == 0) {
-      for (int e = 0; e < count; ++e) {
+      for (int e = 0; e < w.count; ++e) {
         const uint32_t gi = g + static_cast<uint32_t>(e);
         const int stage = static_cast<int>(gi % Traits::kStages);
         const uint32_t use = gi / Traits::kStages;
         int mask;
-        const int blk = TileKeyBlock(p, row, begin, e, mask);
+        const int blk = TileKeyBlock(p, w.row, w.begin, e, mask);
         if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
         sm.meta[2 * stage] = blk;
         sm.meta[2 * stage + 1] = mask;
@@ -184,7 +176,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
         }
       }
     }
-    g += static_cast<uint32_t>(count);
+    g += static_cast<uint32_t>(w.count);
   }
   __syncwarp();
 }
@@ -209,37 +201,33 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   const uint32_t bar_q_empty = sm.bar_q + 8;
   uint32_t local = 0;  // items of this CTA so far
   for (int item = static_cast<int>(blockIdx.x); item < num_items; item += item_step, ++local) {
-    int row, y, z;
-    DecodeItem(p, item, hz, head_group, row, y, z);
-    int64_t begin = 0;
-    int count;
-    ItemRange(p, row, begin, count);
-    const Elem* q_base = QBase<Elem>(p, y, z);
+    const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
+    const Elem* q_base = QBase<Elem>(p, w.y, w.z);
     // Q of the previous item: every consumer warp issued and completed its last S GEMM.
     if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
     if constexpr (kTma) {
       if (lane == 0) {  // the metadata is released to the consumers by this lane's arrive
-        item_meta[0] = row;
-        item_meta[1] = count;
-        item_meta[2] = y;
-        item_meta[3] = z;
+        item_meta[0] = w.row;
+        item_meta[1] = w.count;
+        item_meta[2] = w.y;
+        item_meta[3] = w.z;
         MbarArriveExpectTx(sm.bar_q, Traits::kTileBytes);
-        const int head = p.head_start + y * p.head_step;
+        const int head = p.head_start + w.y * p.head_step;
 #pragma unroll
         for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
-          TmaLoad5d(sm.q + panel * Traits::kPanelBytes, tma_q, sm.bar_q, panel * 64, row * kBlock,
-                    head, z % p.num_segs, z / p.num_segs);
+          TmaLoad5d(sm.q + panel * Traits::kPanelBytes, tma_q, sm.bar_q, panel * 64,
+                    w.row * kBlock, head, w.z % p.num_segs, w.z / p.num_segs);
         }
       }
     } else {
       WarpLoadTile<kBlock, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
-                                            static_cast<int64_t>(row) * kBlock, n, lane);
+                                            static_cast<int64_t>(w.row) * kBlock, n, lane);
       CpAsyncCommit();
       if (lane == 0) {  // released to the consumers by this lane's q_full arrive
-        item_meta[0] = row;
-        item_meta[1] = count;
-        item_meta[2] = y;
-        item_meta[3] = z;
+        item_meta[0] = w.row;
+        item_meta[1] = w.count;
+        item_meta[2] = w.y;
+        item_meta[3] = w.z;
       }
       CpAsyncWait<0>();
       FenceProxyAsyncShared();
@@ -247,6 +235,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     }
     const int next = item + item_step;
     if (next < num_items) {
+      int row, y, z;  // the next item's (its tile range is not needed for the prefetch)
       DecodeItem(p, next, hz, head_group, row, y, z);
       const Elem* qn = QBase<Elem>(p, y, z);
       const int64_t r0 = static_cast<int64_t>(row) * kBlock + lane;
@@ -301,7 +290,12 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
 
     float s[kBlock / 2];
     PingPongBeforeScores(wg, e == 0);
-    IssueScoresAndPV<Traits>(s, cr.q_wg, k_tile, work, acc_o, pa, pending_v, pending);
+    // S(e) is issued also for a tile without work (its result is not read): a conditional S
+    // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
+    // profile showed warps stalling on (5% of the samples of the dense kernel). Rows past the
+    // query end and keys past the key end are zeros in smem (TMA zero-fill), so the GEMM reads
+    // only landed data.
+    IssueScoresAndPV<Traits>(s, cr.q_wg, k_tile, /*scores=*/true, acc_o, pa, pending_v, pending);
     PingPongAfterScores(wg, e + 1 == count);
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? lane : 1);

@@ -57,6 +57,21 @@ __device__ __forceinline__ void ItemRange(const FlashFwdParams& p, int row, int6
   }
 }
 
+// A persistent work item as every role of the kernel needs it: its query-block row, its (y, z)
+// pair and its kept-tile range (DecodeItem, then ItemRange).
+struct WorkItem {
+  int row = 0, y = 0, z = 0;
+  int64_t begin = 0;
+  int count = 0;
+};
+__device__ __forceinline__ WorkItem DecodeWorkItem(const FlashFwdParams& p, int item, int hz,
+                                                   int group) {
+  WorkItem w;
+  DecodeItem(p, item, hz, group, w.row, w.y, w.z);
+  ItemRange(p, w.row, w.begin, w.count);
+  return w;
+}
+
 // Key block and mask kind (0 full, 1 causal diagonal, 2 partial) of tile e of row `row`.
 // The implicit causal layout masks only its diagonal block.
 __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, int64_t begin, int e,
