@@ -221,21 +221,13 @@ class CudaDevice final : public Device {
   // `host_bytes` is not charged again.
   absl::Status RunTask(int64_t host_bytes, const DeviceTask& task) override {
     (void)host_bytes;
-    if (!task) return absl::InvalidArgumentError(absl::StrCat(name(), ": RunTask: empty task"));
-    CudaLane& lane = lanes_.Acquire(/*all=*/true);
-    absl::Status st = RunTaskOn(lane, task);
-    lanes_.Release(lane, /*all=*/true);
-    return st;
+    return RunTaskHolding(/*all=*/true, "RunTask", task);
   }
 
   // One lane, as Run holds: the task's stream is that lane's.
   absl::Status RunLaneTask(int64_t host_bytes, const DeviceTask& task) override {
     (void)host_bytes;
-    if (!task) return absl::InvalidArgumentError(absl::StrCat(name(), ": RunLaneTask: empty task"));
-    CudaLane& lane = lanes_.Acquire(/*all=*/false);
-    absl::Status st = RunTaskOn(lane, task);
-    lanes_.Release(lane, /*all=*/false);
-    return st;
+    return RunTaskHolding(/*all=*/false, "RunLaneTask", task);
   }
 
  private:
@@ -246,6 +238,15 @@ class CudaDevice final : public Device {
                                                       : BuiltinEngineTable()),
         alloc_(ordinal) {
     plan_options_.kernel = options.flash;
+  }
+
+  // `task` holding every lane (`all`; it runs on lane 0's stream) or one.
+  absl::Status RunTaskHolding(bool all, const char* what, const DeviceTask& task) {
+    if (!task) return absl::InvalidArgumentError(absl::StrCat(name(), ": ", what, ": empty task"));
+    CudaLane& lane = lanes_.Acquire(all);
+    absl::Status st = RunTaskOn(lane, task);
+    lanes_.Release(lane, all);
+    return st;
   }
 
   absl::Status RunTaskOn(CudaLane& lane, const DeviceTask& task) {
