@@ -145,10 +145,21 @@ __device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2],
 #pragma unroll
   for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
   WgmmaFence();
-  if (scores) ScoresSteps<Traits>(s, q_wg, k_tile);
-  WgmmaCommit();
-  if (pv) PvSteps<Traits>(acc_o, pa, v_tile);
-  WgmmaCommit();
+  // Each branch commits its own group: a commit after the branch closes on a dummy wgmma that
+  // runs on every call (the profile showed warps stalling on it); inside the branch it closes on
+  // the group's last wgmma, and only the skipped case pays for the empty group.
+  if (scores) {
+    ScoresSteps<Traits>(s, q_wg, k_tile);
+    WgmmaCommit();
+  } else {
+    WgmmaCommit();
+  }
+  if (pv) {
+    PvSteps<Traits>(acc_o, pa, v_tile);
+    WgmmaCommit();
+  } else {
+    WgmmaCommit();
+  }
 }
 
 // Where a thread's scores sit: its first row (local query row of accumulator row g; the second

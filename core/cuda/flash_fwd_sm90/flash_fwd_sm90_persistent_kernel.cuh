@@ -292,9 +292,10 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     PingPongBeforeScores(wg, e == 0);
     // S(e) is issued also for a tile without work (its result is not read): a conditional S
     // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
-    // profile showed warps stalling on (5% of the samples of the dense kernel). Rows past the
-    // query end and keys past the key end are zeros in smem (TMA zero-fill), so the GEMM reads
-    // only landed data.
+    // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
+    // must stay conditional since without a pending tile there is no landed V to multiply, now
+    // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
+    // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
     IssueScoresAndPV<Traits>(s, cr.q_wg, k_tile, /*scores=*/true, acc_o, pa, pending_v, pending);
     PingPongAfterScores(wg, e + 1 == count);
     WaitScoresOf<1>(s);
