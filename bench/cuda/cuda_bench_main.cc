@@ -33,7 +33,7 @@ ABSL_FLAG(bool, sm90_tma, true,
           "cp.async)");
 ABSL_FLAG(std::string, sm90_overlap, "auto",
           "persistent Hopper schedule: overlap each key tile's softmax with the previous tile's "
-          "P V GEMM inside a warpgroup: auto (at head dim 128) | on | off (true / false: on / "
+          "P V GEMM inside a warpgroup: auto (the default: on) | on | off (true / false: on / "
           "off)");
 
 namespace attnserve::bench {

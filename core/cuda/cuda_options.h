@@ -53,10 +53,11 @@ enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 // Whether the persistent schedule's consumers overlap each key tile's softmax with the previous
 // tile's P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together; it needs TMA loads, and
 // runs without it the sequential consumer). kOff: GEMMs and softmax of a tile in sequence, the
-// other warpgroup filling the tensor cores (ping-pong) meanwhile. kAuto: on at head dim 128, off
-// at 64 (measured on an H200, two interleaved reps per side, in
-// bench/results/h200x2-2026-11-27-kernel/overlap-default: at D = 128 the overlap was 2-4% faster
-// on the block-sparse cases and within the run's spread dense; at D = 64 it was 1-3% slower).
+// other warpgroup filling the tensor cores (ping-pong) meanwhile. kAuto: on. (Measured on an
+// H200, interleaved reps, bench/results/h200x2-2026-11-27-kernel/: once its GEMM groups commit
+// inside their branches (commit-groups-ab/) the overlapped consumer is ahead at both head dims:
+// D = 128 2-13% on block-sparse and up to 5% dense, D = 64 1-3% (overlap-d64/). Before that it
+// was behind at D = 64 (overlap-default/), so auto meant D = 128 only for one commit.)
 enum class Sm90Overlap { kAuto, kOn, kOff };
 
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,

@@ -76,9 +76,9 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
         group = std::min(options.persistent_head_group,
                          std::max(1, p.num_heads * p.batch * p.num_segs));
       }
-      // Sm90Overlap::kAuto: the overlapped consumer at head dim 128 only (cuda_options.h).
-      const bool overlap = options.sm90_overlap == Sm90Overlap::kOn ||
-                           (options.sm90_overlap == Sm90Overlap::kAuto && kHeadDim == 128);
+      // Sm90Overlap::kAuto: the overlapped consumer (measured ahead at D = 64 and 128,
+      // cuda_options.h).
+      const bool overlap = options.sm90_overlap != Sm90Overlap::kOff;
       return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, overlap,
                                                            options.sm90_tma, stream);
     }
