@@ -85,7 +85,7 @@ int64_t Scheduler::IdleBudget(size_t index) const {
 
 size_t Scheduler::FreeLanesLocked(size_t d) const {
   size_t n = 0;
-  for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) n += workers_[w].busy ? 0 : 1;
+  for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) n += workers_[w].busy() ? 0 : 1;
   return n;
 }
 
@@ -198,14 +198,12 @@ void Scheduler::ReserveLocked(const std::shared_ptr<GroupRun>& run,
     const size_t d = group[r];
     size_t part = EndWorker(d);  // the lane that runs this rank's part
     for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) {
-      if (workers_[w].busy) continue;  // never with every_lane: those devices are all free
+      if (workers_[w].busy()) continue;  // never with every_lane: those devices are all free
       if (part == EndWorker(d)) part = w;
       if (!every_lane) break;
-      workers_[w].busy = true;
       workers_[w].reservation = id;
     }
     Worker& w = workers_[part];
-    w.busy = true;
     w.reservation = id;
     w.reserved_bytes = estimate;
     w.run = run;
@@ -221,7 +219,6 @@ void Scheduler::ReleaseLocked(uint64_t id, const std::vector<size_t>& group) {
     for (size_t w = FirstWorker(d); w < EndWorker(d); ++w) {
       Worker& worker = workers_[w];
       if (worker.reservation != id) continue;
-      worker.busy = false;
       worker.reservation = 0;
       worker.reserved_bytes = 0;
       worker.group.clear();

@@ -96,8 +96,10 @@ class Scheduler {
     std::thread thread;
     size_t device = 0;
     int lane = 0;
-    bool busy = false;           // reserved by a job (until the whole group has finished)
-    uint64_t reservation = 0;    // which reservation holds it (ReserveLocked's id; 0: none)
+    // Which reservation holds it (ReserveLocked's id; 0: free): a job's, until the whole group
+    // has finished.
+    uint64_t reservation = 0;
+    bool busy() const { return reservation != 0; }
     int64_t reserved_bytes = 0;  // the estimate of the single-device job holding it (admission)
     std::shared_ptr<GroupRun> run;
     std::shared_ptr<Job> job;

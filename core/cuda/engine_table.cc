@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/util/status_macros.h"
 
 namespace attnserve {
 namespace {
@@ -96,9 +97,7 @@ absl::StatusOr<EngineTableRow> ParseRow(const Place& at, const std::vector<absl:
   } else {
     return ColumnError(at, 1, "bf16 or f16 (f32 requests use the bf16 rows)", f[1]);
   }
-  auto head_dim = PositiveInt(at, 2, f[2]);
-  if (!head_dim.ok()) return head_dim.status();
-  row.head_dim = *head_dim;
+  ATTN_ASSIGN_OR_RETURN(row.head_dim, PositiveInt(at, 2, f[2]));
   if (f[3] == "true" || f[3] == "1") {
     row.causal = true;
   } else if (f[3] == "false" || f[3] == "0") {
@@ -108,15 +107,9 @@ absl::StatusOr<EngineTableRow> ParseRow(const Place& at, const std::vector<absl:
   }
   if (f[4] != "dense" && f[4] != "window") return ColumnError(at, 4, "dense or window", f[4]);
   row.pattern = std::string(f[4]);
-  auto tokens = PositiveInt(at, 5, f[5]);
-  if (!tokens.ok()) return tokens.status();
-  row.tokens = *tokens;
-  auto own = PositiveMs(at, 6, f[6]);
-  if (!own.ok()) return own.status();
-  row.own_ms = *own;
-  auto cudnn = PositiveMs(at, 7, f[7]);
-  if (!cudnn.ok()) return cudnn.status();
-  row.cudnn_ms = *cudnn;
+  ATTN_ASSIGN_OR_RETURN(row.tokens, PositiveInt(at, 5, f[5]));
+  ATTN_ASSIGN_OR_RETURN(row.own_ms, PositiveMs(at, 6, f[6]));
+  ATTN_ASSIGN_OR_RETURN(row.cudnn_ms, PositiveMs(at, 7, f[7]));
   row.source = std::string(f[8]);
   return row;
 }
@@ -169,16 +162,15 @@ absl::StatusOr<EngineTable> EngineTable::Parse(std::string_view csv, std::string
       return LineError(
           at, absl::StrCat("expected ", kColumns, " fields (", kHeader, "), got ", fields.size()));
     }
-    absl::StatusOr<EngineTableRow> row = ParseRow(at, fields);
-    if (!row.ok()) return row.status();
+    ATTN_ASSIGN_OR_RETURN(EngineTableRow row, ParseRow(at, fields));
     for (size_t i = 0; i < table.rows_.size(); ++i) {
-      if (SameCase(table.rows_[i], *row)) {
+      if (SameCase(table.rows_[i], row)) {
         return LineError(at, absl::StrCat("the same case as line ", lines[i],
                                           " (one row per gpu, dtype, head_dim, causal, "
                                           "pattern, tokens)"));
       }
     }
-    table.rows_.push_back(*std::move(row));
+    table.rows_.push_back(std::move(row));
     lines.push_back(at.line);
   }
   if (!header_seen) {
