@@ -5,7 +5,7 @@
 // the persistent grid adds:
 // - Grid = min(#SMs, #work items), one CTA per SM. A work item is (query-block row, head,
 //   batch * seg) of the space the single-tile kernel's grid enumerates (one CTA per item there);
-//   CTA b runs items b, b + gridDim.x, ...
+//   CTA b runs one item of each round of gridDim.x items, dealt back and forth (CtaItem).
 //   Item order (kernel argument `head_group`, chosen by the launcher; DecodeItem): the (head,
 //   batch * seg) pairs are cut into groups of head_group; a group's items come before the next
 //   group's, position slowest inside a group, so the heavy-first walk (the implicit causal layout
@@ -88,8 +88,7 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
   constexpr int kProducerWarps = Traits::kProducerWarps;
   const int hz = p.num_heads * (p.batch * p.num_segs);
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
-  for (int item = static_cast<int>(blockIdx.x); item < num_items;
-       item += static_cast<int>(gridDim.x)) {
+  for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
     const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
     const Elem* k_base;
     const Elem* v_base;
@@ -131,8 +130,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
     PrefetchTensorMap(tma_v);
   }
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
-  for (int item = static_cast<int>(blockIdx.x); item < num_items;
-       item += static_cast<int>(gridDim.x)) {
+  for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
     const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
     const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
     const int batch = w.z / p.num_segs;
@@ -197,10 +195,9 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   constexpr int kBlock = Traits::kBlock;
   const int64_t n = p.seqlen;
   const int hz = p.num_heads * (p.batch * p.num_segs);
-  const int item_step = static_cast<int>(gridDim.x);
   const uint32_t bar_q_empty = sm.bar_q + 8;
-  uint32_t local = 0;  // items of this CTA so far
-  for (int item = static_cast<int>(blockIdx.x); item < num_items; item += item_step, ++local) {
+  uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
+  for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
     const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
     const Elem* q_base = QBase<Elem>(p, w.y, w.z);
     // Q of the previous item: every consumer warp issued and completed its last S GEMM.
@@ -233,7 +230,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
       FenceProxyAsyncShared();
       MbarArrive(sm.bar_q);
     }
-    const int next = item + item_step;
+    const int next = CtaItem(static_cast<int>(local) + 1);
     if (next < num_items) {
       int row, y, z;  // the next item's (its tile range is not needed for the prefetch)
       DecodeItem(p, next, hz, head_group, row, y, z);
@@ -352,8 +349,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 
   uint32_t gbase = 0;  // global tile index of the item's first tile
   uint32_t local = 0;  // items of this CTA so far
-  for (int item = static_cast<int>(blockIdx.x); item < num_items;
-       item += static_cast<int>(gridDim.x), ++local) {
+  for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
     // Q and the metadata of this item (the Q warp).
     MbarWait(sm.bar_q, local & 1u);
     const int row = item_meta[0];
