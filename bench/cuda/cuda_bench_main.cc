@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, sm90_overlap, "auto",
           "persistent Hopper schedule: overlap each key tile's softmax with the previous tile's "
           "P V GEMM inside a warpgroup: auto (the default: on) | on | off (true / false: on / "
           "off)");
+ABSL_FLAG(std::string, sm90_query_tile, "auto",
+          "persistent Hopper schedule at D = 64, dense / causal: query rows per work item, "
+          "auto (the default: 192) | 128 | 192");
 
 namespace attnserve::bench {
 namespace {
@@ -64,6 +67,13 @@ int Main() {
     return 2;
   }
   opt.cuda.flash.sm90_overlap = *overlap;
+  absl::StatusOr<Sm90QueryTile> query_tile =
+      ParseSm90QueryTile(absl::GetFlag(FLAGS_sm90_query_tile), "--sm90_query_tile");
+  if (!query_tile.ok()) {
+    std::fprintf(stderr, "attnbench_cuda: %s\n", query_tile.status().ToString().c_str());
+    return 2;
+  }
+  opt.cuda.flash.sm90_query_tile = *query_tile;
   opt.cuda.flash.sm90_tma = absl::GetFlag(FLAGS_sm90_tma);
   absl::StatusOr<CudaBenchReport> report = RunCudaBench(opt);
   if (!report.ok()) {

@@ -126,6 +126,25 @@ absl::StatusOr<Sm90Overlap> ParseSm90Overlap(std::string_view name, std::string_
   return Invalid(what, "auto, on or off", name);
 }
 
+std::string_view Sm90QueryTileName(Sm90QueryTile tile) {
+  switch (tile) {
+    case Sm90QueryTile::kAuto:
+      return "auto";
+    case Sm90QueryTile::k128:
+      return "128";
+    case Sm90QueryTile::k192:
+      return "192";
+  }
+  return "auto";
+}
+
+absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return Sm90QueryTile::kAuto;
+  if (name == "128") return Sm90QueryTile::k128;
+  if (name == "192") return Sm90QueryTile::k192;
+  return Invalid(what, "auto, 128 or 192", name);
+}
+
 absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base) {
   CudaOptions options = base;
   if (std::string_view v = EnvValue(kEngineEnv); !v.empty()) {

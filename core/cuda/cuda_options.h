@@ -60,6 +60,15 @@ enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 // was behind at D = 64 (overlap-default/), so auto meant D = 128 only for one commit.)
 enum class Sm90Overlap { kAuto, kOn, kOff };
 
+// Query rows of the persistent schedule's work items at D = 64 on the implicit dense and causal
+// layouts (every other case has items of one layout block, 128 rows):
+//   k128: two consumer warpgroups of 64 rows;
+//   k192: three (512 threads; 32 producer / 160 consumer registers), so that one warpgroup's
+//         softmax has two others' GEMMs to hide under, not one; needs TMA and the overlapped
+//         consumer, else k128 runs.
+//   kAuto: k192 (the tile FlashAttention-3 and -4 take at D = 64; measured in core/cuda/NOTES.md).
+enum class Sm90QueryTile { kAuto, k128, k192 };
+
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
 // dense or window specs, not square):
 //   kSplitKv:  the flash_decode kernels (split over the keys, query heads of a KV head packed);
@@ -80,6 +89,8 @@ struct FlashKernelOptions {
   int persistent_head_group = 0;
   // The persistent schedule's consumer (Sm90Overlap above).
   Sm90Overlap sm90_overlap = Sm90Overlap::kAuto;
+  // The persistent schedule's work-item height at D = 64 (Sm90QueryTile above).
+  Sm90QueryTile sm90_query_tile = Sm90QueryTile::kAuto;
   // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
   // complete on the stage barrier) where the tensors allow it (16-byte aligned pointers and
   // strides), else by cp.async from two producer warps; false: always cp.async.
@@ -108,6 +119,7 @@ std::string_view FlashKernelArchName(FlashKernelArch arch);    // "auto", "sm80"
 std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "single_tile", ...
 std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
 std::string_view Sm90OverlapName(Sm90Overlap overlap);         // "auto", "on", "off"
+std::string_view Sm90QueryTileName(Sm90QueryTile tile);        // "auto", "128", "192"
 
 // Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
 absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
@@ -123,6 +135,8 @@ absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,
 // Also takes true / false (the former boolean flag) for on / off.
 absl::StatusOr<Sm90Overlap> ParseSm90Overlap(std::string_view name,
                                              std::string_view what = "sm90 overlap");
+absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name,
+                                                 std::string_view what = "sm90 query tile");
 
 // `base` with the environment's overrides applied, each read once here (unset or empty: keep):
 // ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v3 or a

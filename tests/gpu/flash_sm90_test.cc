@@ -99,6 +99,8 @@ std::vector<Case> SpecCases() {
     for (bool causal : {false, true}) {
       add("dense", DenseSpec{}, causal, s1, dt);
       add("dense", DenseSpec{}, causal, {1, 130, 2, 2, 64}, dt);
+      // D = 64 dense: items of 192 query rows (1000 = 5 x 192 + 40) over 128-key tiles.
+      add("dense", DenseSpec{}, causal, {2, 1000, 4, 2, 64}, dt);
       if (all) add("dense_gqa4", DenseSpec{}, causal, {2, 520, 8, 2, 128}, dt);
       add("window100", WindowSpec{100}, causal, s1, dt);
       for (int32_t bs : {64, 128}) {
@@ -145,12 +147,15 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   // The persistent schedule runs with TMA loads (its default) in both item orders, with and
   // without the intra-warpgroup overlap, and once with cp.async loads.
   // Also groups of 3 (head, batch, segment) pairs: uneven groups where hz is not a multiple.
+  // With the overlap the D = 64 dense and causal cases take items of 192 query rows by default;
+  // one more run asks for 128.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
     bool overlap;
     bool tma;
     int head_group;
+    Sm90QueryTile query_tile = Sm90QueryTile::kAuto;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
@@ -160,20 +165,24 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
         runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap, true, 0});
       }
       runs.push_back({schedule, Sm90ItemOrder::kAuto, false, true, 3});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, true, 0, Sm90QueryTile::k128});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, true, 3, Sm90QueryTile::k192});
       runs.push_back({schedule, Sm90ItemOrder::kHead, false, false, 0});
     } else {
       runs.push_back({schedule, Sm90ItemOrder::kAuto, false, false, 0});
     }
   }
-  for (const auto& [schedule, order, overlap, tma, head_group] : runs) {
+  for (const auto& [schedule, order, overlap, tma, head_group, query_tile] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
                               overlap ? ", overlap" : "", tma ? ", tma" : ", cp.async",
-                              ", head group ", head_group));
+                              ", head group ", head_group, ", query tile ",
+                              std::string(Sm90QueryTileName(query_tile))));
     FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
     options.sm90_overlap = overlap ? Sm90Overlap::kOn : Sm90Overlap::kOff;
     options.sm90_tma = tma;
     options.persistent_head_group = head_group;
+    options.sm90_query_tile = query_tile;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     const FlashKernel ran = run->kernel;
@@ -330,6 +339,10 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
   EXPECT_EQ(*ParseSm90Overlap("true"), Sm90Overlap::kOn);  // the former boolean flag's values
   EXPECT_EQ(*ParseSm90Overlap("false"), Sm90Overlap::kOff);
   EXPECT_EQ(ParseSm90Overlap("sometimes").status().code(), absl::StatusCode::kInvalidArgument);
+  for (const Sm90QueryTile t : {Sm90QueryTile::kAuto, Sm90QueryTile::k128, Sm90QueryTile::k192}) {
+    EXPECT_EQ(*ParseSm90QueryTile(Sm90QueryTileName(t)), t);
+  }
+  EXPECT_EQ(ParseSm90QueryTile("256").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,

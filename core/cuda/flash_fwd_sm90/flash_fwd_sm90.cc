@@ -79,6 +79,15 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       // Sm90Overlap::kAuto: the overlapped consumer (measured ahead at D = 64 and 128,
       // cuda_options.h).
       const bool overlap = options.sm90_overlap != Sm90Overlap::kOff;
+      // D = 64, implicit layouts: items of 192 query rows (three consumer warpgroups) unless
+      // asked for 128; the launcher refuses where they do not apply (no TMA, overlap off).
+      if constexpr (kHeadDim == 64) {
+        if (options.sm90_query_tile != Sm90QueryTile::k128 && p.col_idx == nullptr) {
+          const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 3>(
+              p, ctas, group, overlap, options.sm90_tma, stream);
+          if (err != cudaErrorNotSupported) return err;
+        }
+      }
       return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, overlap,
                                                            options.sm90_tma, stream);
     }
@@ -165,7 +174,9 @@ int Sm90HeadGroup(const FlashFwdParams& p, int ctas, int64_t l2_bytes, Sm90ItemO
   return static_cast<int>(std::min(group, hz));
 }
 
-cudaError_t MakeSm90TmaMaps(const FlashFwdParams& p, int box_rows, Sm90TmaMaps* maps) {
+cudaError_t MakeSm90TmaMaps(const FlashFwdParams& p, int box_rows, Sm90TmaMaps* maps,
+                            int q_box_rows) {
+  if (q_box_rows <= 0) q_box_rows = box_rows;
   static_assert(sizeof(CUtensorMap) == sizeof(maps->k), "an opaque 128-byte map");
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorNotSupported;
   if (p.dtype != DType::kBF16 && p.dtype != DType::kF16) return cudaErrorNotSupported;
@@ -173,7 +184,7 @@ cudaError_t MakeSm90TmaMaps(const FlashFwdParams& p, int box_rows, Sm90TmaMaps* 
   const int64_t q_heads = p.head_start + int64_t{p.num_heads - 1} * p.head_step + 1;
   const int64_t kv_heads = (q_heads - 1) / p.kv_group + 1;
   cudaError_t err = EncodeMap(p.q, p.dtype, p, p.seqlen, q_heads, p.q_row_stride, p.q_head_stride,
-                              p.q_seg_stride, p.q_batch_stride, box_rows, maps->q);
+                              p.q_seg_stride, p.q_batch_stride, q_box_rows, maps->q);
   if (err != cudaSuccess) return err;
   err = EncodeMap(p.k, p.dtype, p, k_rows, kv_heads, p.k_row_stride, p.k_head_stride,
                   p.k_seg_stride, p.k_batch_stride, box_rows, maps->k);

@@ -20,14 +20,18 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
 // of work items, position-major inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
 // overlap: the consumers overlap each tile's softmax with the previous tile's P V GEMM.
 // tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
-template <int kHeadDim, typename Elem>
+// kConsumerWarpgroups 3: work items of 192 query rows (D = 64, implicit dense / causal layouts,
+// the overlapped consumer on TMA loads only); cudaErrorNotSupported where that does not apply
+// (a CSR layout, no TMA, overlap off), and the caller runs the two-consumer kernel instead.
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool overlap, bool tma,
                                           cudaStream_t stream);
 
 // The persistent kernel's Q, K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, row, head,
 // segment, batch) over params' pointers and element strides, 128-byte swizzle, boxes of 64
-// columns x `box_rows` rows, rows past the query / key end zero-filled. Returns
+// columns x `box_rows` rows (Q: `q_box_rows`, 0 = box_rows), rows past the query / key end
+// zero-filled. Returns
 // cudaErrorNotSupported when TMA cannot address the tensors (a pointer not 16-byte aligned, a
 // stride that is not a multiple of 16 bytes, sizes out of range); the caller then loads by
 // cp.async. Maps are opaque 128-byte blobs, passed to the kernel by value.
@@ -36,7 +40,8 @@ struct Sm90TmaMaps {
   alignas(64) unsigned char k[128];
   alignas(64) unsigned char v[128];
 };
-cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaMaps* maps);
+cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaMaps* maps,
+                            int q_box_rows = 0);
 
 }  // namespace attnserve
 
@@ -62,24 +67,35 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
   return cudaGetLastError();
 }
 
-template <int kHeadDim, typename Elem>
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool overlap, bool tma,
                                           cudaStream_t stream) {
-  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem>;
+  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups>;
+  constexpr bool kTallItems = Traits::kItemRows != 0;
+  if (kTallItems && (params.col_idx != nullptr || !tma || !overlap)) return cudaErrorNotSupported;
   Sm90TmaMaps maps{};
-  if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps) != cudaSuccess) tma = false;
+  if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps, Traits::kBlockM) != cudaSuccess) {
+    if (kTallItems) return cudaErrorNotSupported;
+    tma = false;
+  }
   // The overlapped consumer runs on TMA loads only (its split K/V barriers); without them the
-  // sequential one runs.
-  auto kernel = tma ? (overlap ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>
-                               : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, true>)
-                    : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, false>;
+  // sequential one runs. Tall items exist with the overlapped consumer only.
+  decltype(&flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>) kernel = nullptr;
+  if constexpr (kTallItems) {
+    kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>;
+  } else {
+    kernel = tma ? (overlap ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>
+                            : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, true>)
+                 : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, false>;
+  }
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const long long items = static_cast<long long>(params.num_q_blocks) * params.num_heads *
-                          params.batch * params.num_segs;
+  const long long item_rows =
+      kTallItems ? (params.seqlen + Traits::kBlockM - 1) / Traits::kBlockM : params.num_q_blocks;
+  const long long items = item_rows * params.num_heads * params.batch * params.num_segs;
   if (items <= 0) return cudaSuccess;
   if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel
   const unsigned grid =

@@ -59,12 +59,11 @@ __device__ __forceinline__ void PvSteps(float (&acc_o)[Traits::kHeadDim / 2],
   }
 }
 
-// Issues S = Q K^T (ScoresSteps) as one commit group, s zeroed first. Not waited for: WaitScores.
+// Issues S = Q K^T (ScoresSteps) as one commit group. Not waited for: WaitScores. s is not
+// zeroed: the first k-step runs with scale-d 0, which ignores the accumulator's old value.
 template <typename Traits>
 __device__ __forceinline__ void IssueScores(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
                                             uint32_t k_tile) {
-#pragma unroll
-  for (int i = 0; i < Traits::kBlock / 2; ++i) s[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
   WgmmaFence();
@@ -133,8 +132,6 @@ __device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2],
                                                  uint32_t (&pa)[Traits::kBlock / 16][4],
                                                  uint32_t v_tile, bool pv) {
   constexpr int kPvSteps = Traits::kBlock / 16;
-#pragma unroll
-  for (int i = 0; i < Traits::kBlock / 2; ++i) s[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
 #pragma unroll

@@ -1,10 +1,13 @@
 // Instantiations of the sm90 persistent (warp-specialized) kernel: bf16, head dims 64/128,
-// block 128.
+// block 128; 192-row items at D = 64.
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
 
 namespace attnserve {
 template cudaError_t RunFlashFwdSm90PersistentImpl<64, __nv_bfloat16>(
     const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
 template cudaError_t RunFlashFwdSm90PersistentImpl<128, __nv_bfloat16>(
+    const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+// D = 64 items of 192 query rows (three consumer warpgroups).
+template cudaError_t RunFlashFwdSm90PersistentImpl<64, __nv_bfloat16, 3>(
     const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
 }  // namespace attnserve

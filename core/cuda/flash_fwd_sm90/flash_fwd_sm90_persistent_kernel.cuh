@@ -59,12 +59,12 @@
 namespace attnserve {
 namespace flash_sm90 {
 
-template <int kHeadDim_, typename Elem_>
-struct Sm90PersistentTraits : Sm90WarpSpecializedTraits<kHeadDim_, Elem_> {
-  using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_>;
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
+struct Sm90PersistentTraits : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_> {
+  using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_>;
   // Tiles, then the barriers: full[kStages], empty[kStages], q_full, q_empty (8 B each), then
   // per stage (key block, mask kind) as two int32, then the item's (row, count, y, z).
-  static constexpr int kBarOffset = Roles::kTileBytes * (1 + 2 * Roles::kStages);
+  static constexpr int kBarOffset = Roles::kQTileBytes + Roles::kTileBytes * 2 * Roles::kStages;
   static constexpr int kMetaOffset = kBarOffset + 8 * (2 * Roles::kStages + 2);
   static constexpr int kItemMetaOffset = kMetaOffset + 8 * Roles::kStages;
   // Split K/V barriers of the overlapped consumer: full_v[kStages], empty_v[kStages] (full and
@@ -89,7 +89,7 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
   const int hz = p.num_heads * (p.batch * p.num_segs);
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
-    const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
+    const WorkItem w = DecodeWorkItem<Traits::kItemRows>(p, item, hz, head_group);
     const Elem* k_base;
     const Elem* v_base;
     KvBase<Elem>(p, w.y, w.z, k_base, v_base);
@@ -131,7 +131,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   }
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
-    const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
+    const WorkItem w = DecodeWorkItem<Traits::kItemRows>(p, item, hz, head_group);
     const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
     const int batch = w.z / p.num_segs;
     const int seg = w.z % p.num_segs;
@@ -141,7 +141,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
         const int stage = static_cast<int>(gi % Traits::kStages);
         const uint32_t use = gi / Traits::kStages;
         int mask;
-        const int blk = TileKeyBlock(p, w.row, w.begin, e, mask);
+        const int blk = TileKeyBlock<Traits::kItemRows>(p, w.row, w.begin, e, mask);
         if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
         sm.meta[2 * stage] = blk;
         sm.meta[2 * stage + 1] = mask;
@@ -192,13 +192,13 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
                                                    int num_items, int head_group,
                                                    const CUtensorMap* tma_q, int lane) {
   using Elem = typename Traits::Elem;
-  constexpr int kBlock = Traits::kBlock;
+  constexpr int kBlockM = Traits::kBlockM;  // query rows of an item
   const int64_t n = p.seqlen;
   const int hz = p.num_heads * (p.batch * p.num_segs);
   const uint32_t bar_q_empty = sm.bar_q + 8;
   uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
-    const WorkItem w = DecodeWorkItem(p, item, hz, head_group);
+    const WorkItem w = DecodeWorkItem<Traits::kItemRows>(p, item, hz, head_group);
     const Elem* q_base = QBase<Elem>(p, w.y, w.z);
     // Q of the previous item: every consumer warp issued and completed its last S GEMM.
     if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
@@ -208,17 +208,17 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
         item_meta[1] = w.count;
         item_meta[2] = w.y;
         item_meta[3] = w.z;
-        MbarArriveExpectTx(sm.bar_q, Traits::kTileBytes);
+        MbarArriveExpectTx(sm.bar_q, Traits::kQTileBytes);
         const int head = p.head_start + w.y * p.head_step;
 #pragma unroll
         for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
           TmaLoad5d(sm.q + panel * Traits::kPanelBytes, tma_q, sm.bar_q, panel * 64,
-                    w.row * kBlock, head, w.z % p.num_segs, w.z / p.num_segs);
+                    w.row * kBlockM, head, w.z % p.num_segs, w.z / p.num_segs);
         }
       }
     } else {
-      WarpLoadTile<kBlock, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
-                                            static_cast<int64_t>(w.row) * kBlock, n, lane);
+      WarpLoadTile<kBlockM, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
+                                             static_cast<int64_t>(w.row) * kBlockM, n, lane);
       CpAsyncCommit();
       if (lane == 0) {  // released to the consumers by this lane's q_full arrive
         item_meta[0] = w.row;
@@ -233,10 +233,10 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     const int next = CtaItem(static_cast<int>(local) + 1);
     if (next < num_items) {
       int row, y, z;  // the next item's (its tile range is not needed for the prefetch)
-      DecodeItem(p, next, hz, head_group, row, y, z);
+      DecodeItem<Traits::kItemRows>(p, next, hz, head_group, row, y, z);
       const Elem* qn = QBase<Elem>(p, y, z);
-      const int64_t r0 = static_cast<int64_t>(row) * kBlock + lane;
-      const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), n - r0));
+      const int64_t r0 = static_cast<int64_t>(row) * kBlockM + lane;
+      const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), n - r0));
       const Elem* qp = qn + r0 * p.q_row_stride;
 #pragma unroll 1
       for (int r = 0; r < rows; r += 32, qp += 32 * p.q_row_stride) {
@@ -286,7 +286,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
 
     float s[kBlock / 2];
-    PingPongBeforeScores(wg, e == 0);
+    PingPongBeforeScores<Traits::kConsumerWarpgroups>(wg, e == 0);
     // S(e) is issued also for a tile without work (its result is not read): a conditional S
     // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
     // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
@@ -294,7 +294,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
     // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
     IssueScoresAndPV<Traits>(s, cr.q_wg, k_tile, /*scores=*/true, acc_o, pa, pending_v, pending);
-    PingPongAfterScores(wg, e + 1 == count);
+    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, e + 1 == count);
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? lane : 1);
     MbarArriveLane0(sm.bar_empty + 8 * stage, lane);  // K(e) read (or not needed)
@@ -363,7 +363,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     OnlineSoftmax<kBlock, kHeadDim> softmax;
     softmax.Reset();
 
-    const int64_t wg_row0 = static_cast<int64_t>(row) * kBlock + wg * 64;
+    const int64_t wg_row0 = static_cast<int64_t>(row) * Traits::kBlockM + wg * 64;
     const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
     const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
 
@@ -399,7 +399,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 // kOverlap: the consumers overlap a tile's softmax with the previous tile's P V GEMM
 // (ConsumeItemOverlapped); otherwise one tile's GEMMs and softmax run in sequence (ConsumeTile).
 // kTma: Q, K and V arrive by TMA through tma_q / tma_k / tma_v (5-D maps: head dim, row, head,
-// segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows); otherwise by cp.async
+// segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows, kBlockM for Q); otherwise
+// by cp.async
 // (K/V from kProducerWarps warps, Q from the next one; the maps are then not read).
 template <typename Traits, bool kOverlap, bool kTma>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)

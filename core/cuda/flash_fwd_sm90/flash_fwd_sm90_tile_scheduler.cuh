@@ -30,15 +30,29 @@ __device__ __forceinline__ int CtaItem(int r) {
   return r * ctas + ((r & 1) ? ctas - 1 - b : b);
 }
 
-// Persistent work item -> (query-block row, y, z). The (y, z) pairs (hz of them) are cut into
+// Query rows of a work item (kItemRows). 0: the layout block (p.block_size), which every CSR
+// layout needs (a row of the CSR is one item). The implicit dense and causal layouts (col_idx
+// null, square and aligned when causal) may cut their queries into items of other heights: 192
+// rows = three consumer warpgroups at D = 64 (Sm90QueryTile); `row` then counts such items.
+template <int kItemRows>
+__device__ __forceinline__ int NumItemRows(const FlashFwdParams& p) {
+  if constexpr (kItemRows == 0) {
+    return static_cast<int>(p.num_q_blocks);
+  } else {
+    return static_cast<int>((p.seqlen + kItemRows - 1) / kItemRows);
+  }
+}
+
+// Persistent work item -> (item row, y, z). The (y, z) pairs (hz of them) are cut into
 // groups of `group`; the items of a group come before those of the next, and inside a group the
 // position is the slowest index (the heavy-first walk: row_order, or the implicit causal layout
 // from its last row down). group = hz: position-major over everything; group = 1: head-major
 // (one (head, batch, segment) after another). The launcher sizes groups so that the K/V the
 // CTAs running together read stays in L2 (flash_fwd_sm90.cc: Sm90HeadGroup).
+template <int kItemRows = 0>
 __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz, int group,
                                            int& row, int& y, int& z) {
-  const int nq = static_cast<int>(p.num_q_blocks);
+  const int nq = NumItemRows<kItemRows>(p);
   const int per_group = group * nq;  // every group but the last is full
   const int g = item / per_group;
   const int r = item - g * per_group;
@@ -47,7 +61,9 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
   const int rem = g * group + (r - pos * size);
   y = rem % p.num_heads;
   z = rem / p.num_heads;
-  if (p.row_order != nullptr) {
+  // row_order counts layout-block rows: items of another height walk the implicit causal
+  // layout from its last item down themselves (the plan uploads that order for block rows).
+  if (kItemRows == 0 && p.row_order != nullptr) {
     row = p.row_order[pos];
   } else if (p.col_idx == nullptr && p.dense_causal) {
     row = nq - 1 - pos;
@@ -56,8 +72,10 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
   }
 }
 
-// The kept-tile range [begin, begin + count) of query-block row `row`: its CSR entries, or for
-// the implicit layout the key blocks [0, num_k_blocks) (causal: [0, row]).
+// The kept-tile range [begin, begin + count) of item row `row`: its CSR entries, or for the
+// implicit layout the key blocks [0, num_k_blocks) (causal: up to the block of the item's last
+// query row; with items of one layout block that is [0, row]).
+template <int kItemRows = 0>
 __device__ __forceinline__ void ItemRange(const FlashFwdParams& p, int row, int64_t& begin,
                                           int& count) {
   if (p.col_idx != nullptr) {
@@ -65,28 +83,35 @@ __device__ __forceinline__ void ItemRange(const FlashFwdParams& p, int row, int6
     count = static_cast<int>(p.row_ptr[row + 1] - begin);
   } else {
     begin = 0;
-    count = static_cast<int>(p.dense_causal ? min(static_cast<int64_t>(row) + 1, p.num_k_blocks)
+    int64_t last_block = row;  // of the keys the item's last query row sees
+    if constexpr (kItemRows != 0) {
+      last_block = (static_cast<int64_t>(row) * kItemRows + kItemRows - 1) / p.block_size;
+    }
+    count = static_cast<int>(p.dense_causal ? min(last_block + 1, p.num_k_blocks)
                                             : p.num_k_blocks);
   }
 }
 
-// A persistent work item as every role of the kernel needs it: its query-block row, its (y, z)
+// A persistent work item as every role of the kernel needs it: its item row, its (y, z)
 // pair and its kept-tile range (DecodeItem, then ItemRange).
 struct WorkItem {
   int row = 0, y = 0, z = 0;
   int64_t begin = 0;
   int count = 0;
 };
+template <int kItemRows = 0>
 __device__ __forceinline__ WorkItem DecodeWorkItem(const FlashFwdParams& p, int item, int hz,
                                                    int group) {
   WorkItem w;
-  DecodeItem(p, item, hz, group, w.row, w.y, w.z);
-  ItemRange(p, w.row, w.begin, w.count);
+  DecodeItem<kItemRows>(p, item, hz, group, w.row, w.y, w.z);
+  ItemRange<kItemRows>(p, w.row, w.begin, w.count);
   return w;
 }
 
-// Key block and mask kind (0 full, 1 causal diagonal, 2 partial) of tile e of row `row`.
-// The implicit causal layout masks only its diagonal block.
+// Key block and mask kind (0 full, 1 causal diagonal, 2 partial) of tile e of item row `row`.
+// The implicit causal layout masks the blocks that reach past the item's first query row (with
+// items of one layout block: the diagonal block only).
+template <int kItemRows = 0>
 __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, int64_t begin, int e,
                                             int& mask) {
   if (p.col_idx != nullptr) {
@@ -94,7 +119,14 @@ __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, in
     mask = p.block_mask[begin + e];
     return blk;
   }
-  mask = (p.dense_causal && e == row) ? 1 : 0;
+  if constexpr (kItemRows == 0) {
+    mask = (p.dense_causal && e == row) ? 1 : 0;
+  } else {
+    mask = (p.dense_causal && static_cast<int64_t>(e + 1) * p.block_size >
+                                  static_cast<int64_t>(row) * kItemRows + 1)
+               ? 1
+               : 0;
+  }
   return e;
 }
 

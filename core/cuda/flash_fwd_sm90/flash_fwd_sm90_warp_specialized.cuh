@@ -50,26 +50,40 @@ namespace flash_sm90 {
 // Roles, register split and tile sizes of the warp-specialized kernel. The shared-memory layout
 // (kBarOffset, kMetaOffset, kSmemBytes: where the barriers and metadata sit after the tiles) is
 // the kernel's own traits' (Sm90PersistentTraits), which MakeWarpSpecializedSmem reads.
-template <int kHeadDim_, typename Elem_>
+// kConsumerWarpgroups_: 2 (query items of 128 rows = the layout block: every layout) or 3 (items
+// of 192 rows, D = 64 and the implicit dense / causal layouts only: Sm90QueryTile in
+// cuda_options.h). With three, the launch holds 512 threads at 128 registers; the producer drops
+// to 32 and the consumers rise to 160 (the (64, 128) S, (64, 64) O and the pending P fit).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
 struct Sm90WarpSpecializedTraits {
   using Base = Sm90Traits<kHeadDim_, 128, Elem_>;
   using Elem = Elem_;
   static constexpr bool kBF16 = Base::kBF16;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlock = 128;
-  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kBlock = 128;  // key rows of a K / V tile = the layout block
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumers");
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows of a work item
+  // Query rows of a work item for the tile scheduler (0: the layout block).
+  static constexpr int kItemRows = kBlockM == kBlock ? 0 : kBlockM;
+  // The S GEMM steps through Q and K panels with one stride (kPanelBytes): Q tiles of another
+  // height than K's need a single panel.
+  static_assert(kBlockM == kBlock || kHeadDim == 64, "192-row Q tiles at D = 64 only");
   static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
   // Warps of the producer warpgroup that load K/V by cp.async (the next one loads Q, the last
   // exits at once): tile G is loaded and published by warp G % kProducerWarps.
   static constexpr int kProducerWarps = 2;
-  static constexpr int kProducerRegs = 64;
-  static constexpr int kConsumerRegs = 216;
+  static constexpr int kLaunchRegs = (65536 / kNThreads) / 8 * 8;  // __launch_bounds__(kNThreads, 1)
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 64 : 32;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 216 : 160;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536,
                 "register file");
-  static_assert((168 - kProducerRegs) * 128 >= (kConsumerRegs - 168) * 128 * kConsumerWarpgroups,
+  static_assert((kLaunchRegs - kProducerRegs) * 128 >=
+                    (kConsumerRegs - kLaunchRegs) * 128 * kConsumerWarpgroups,
                 "the consumers' setmaxnreg.inc needs what the producer's dec freed");
   static constexpr int kChunks = Base::kChunks;
-  static constexpr int kTileBytes = Base::kTileBytes;
+  static constexpr int kTileBytes = Base::kTileBytes;  // one K or V tile
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kPanelBytes = Base::kPanelBytes;
   static constexpr int kStages = Base::kStages;
 };
@@ -100,7 +114,7 @@ __device__ __forceinline__ void WarpLoadTile(uint32_t smem, const Elem* gbase, i
 // Traits): the tiles, then the mbarriers, then the per-stage tile metadata. The persistent kernel
 // finds q_empty (bar_q + 8), its item metadata and the split V barriers from these.
 struct WarpSpecializedSmem {
-  uint32_t q;          // (kBlock, kHeadDim) Q tile
+  uint32_t q;          // (kBlockM, kHeadDim) Q tile
   uint32_t kv;         // stage s: (kBlock, kHeadDim) K at kv + 2 s tiles, V right after it
   uint32_t bar_full;   // + 8 s: stage s landed (count 32: the lanes of the warp that loaded it;
                        // 1 with TMA: the issuing lane's arrive.expect_tx)
@@ -120,7 +134,7 @@ __device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned 
       __builtin_assume_aligned(smem_raw + (smem_base - smem_raw_addr), 1024));
   WarpSpecializedSmem sm;
   sm.q = smem_base;
-  sm.kv = smem_base + Traits::kTileBytes;
+  sm.kv = smem_base + Traits::kQTileBytes;
   sm.bar_full = smem_base + Traits::kBarOffset;
   sm.bar_empty = sm.bar_full + 8 * Traits::kStages;
   sm.bar_q = sm.bar_full + 16 * Traits::kStages;
@@ -143,7 +157,7 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
                                               int lane) {
   constexpr int kBlock = Traits::kBlock;
   int mask;
-  const int blk = TileKeyBlock(p, row, begin, e, mask);
+  const int blk = TileKeyBlock<Traits::kItemRows>(p, row, begin, e, mask);
   if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
   if (lane == 0) {
     sm.meta[2 * stage] = blk;
@@ -160,28 +174,30 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
   MbarArrive(sm.bar_full + 8 * stage);
 }
 
-// Ping-pong between the consumer warpgroups of the warp-specialized kernel: the S GEMM issues
-// alternate S0(e), S1(e), S0(e + 1), ... Warpgroup 1 waits on named barrier 1 for warpgroup 0's
-// S issue of this tile (as in the single-tile kernel); warpgroup 0 waits on named barrier 2 for
-// warpgroup 1's S issue of the previous tile. The second barrier replaces the single-tile
-// kernel's per-tile __syncthreads, which bounded the warpgroups' skew: without it warpgroup 0
-// could run a tile ahead and arrive twice on barrier 1 (hardware barriers count arrivals, not
-// threads: that completes a generation without warpgroup 1 and deadlocks it at the end). Both
-// warpgroups sync and arrive every tile, with or without work; warpgroup 1 skips the arrive of
-// the row's last tile (warpgroup 0 has no sync left in that row). `wg` is warp-uniform
-// (shuffled), so these branches do not serialize the wgmma.
+// Ping-pong between the kWgs consumer warpgroups of the warp-specialized kernel: the S GEMM
+// issues go round, S0(e), S1(e), ..., S(kWgs-1)(e), S0(e + 1), ... Warpgroup w > 0 waits on named
+// barrier w for warpgroup w - 1's S issue of this tile (as in the single-tile kernel); warpgroup
+// 0 waits on named barrier kWgs for the last warpgroup's S issue of the previous tile. That last
+// barrier replaces the single-tile kernel's per-tile __syncthreads, which bounded the
+// warpgroups' skew: without it warpgroup 0 could run a tile ahead and arrive twice on barrier 1
+// (hardware barriers count arrivals, not threads: that completes a generation without warpgroup
+// 1 and deadlocks it at the end). Every warpgroup syncs and arrives every tile, with or without
+// work; the last one skips the arrive of the row's last tile (warpgroup 0 has no sync left in
+// that row). `wg` is warp-uniform (shuffled), so these branches do not serialize the wgmma.
+template <int kWgs>
 __device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
-  if (wg == 1) {
-    NamedBarSync(1, 256);
+  if (wg > 0) {
+    NamedBarSync(wg, 256);
   } else if (!first) {
-    NamedBarSync(2, 256);
+    NamedBarSync(kWgs, 256);
   }
 }
+template <int kWgs>
 __device__ __forceinline__ void PingPongAfterScores(int wg, bool last) {
-  if (wg == 0) {
-    NamedBarArrive(1, 256);
+  if (wg + 1 < kWgs) {
+    NamedBarArrive(wg + 1, 256);
   } else if (!last) {
-    NamedBarArrive(2, 256);
+    NamedBarArrive(kWgs, 256);
   }
 }
 
@@ -214,14 +230,14 @@ __device__ __forceinline__ void ConsumeTile(
   const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
   const uint32_t v_tile = k_tile + Traits::kTileBytes;
 
-  PingPongBeforeScores(wg, first);
+  PingPongBeforeScores<Traits::kConsumerWarpgroups>(wg, first);
   if (!work) {
-    PingPongAfterScores(wg, last);
+    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, last);
     on_scores();
   } else {
     float s[kBlock / 2];  // (64, kBlock) S of this warpgroup
     IssueScores<Traits>(s, cr.q_wg, k_tile);
-    PingPongAfterScores(wg, last);
+    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, last);
     WaitScores(s);
     on_scores();
     ConsumeScores<Traits>(p, s, acc_o, softmax, rows, mask, k0, nk, v_tile);
