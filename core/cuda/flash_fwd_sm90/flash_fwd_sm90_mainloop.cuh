@@ -32,32 +32,78 @@ namespace flash_sm90 {
 // [0, 14) and shared-memory addresses stay below 2^18, so the descriptor of (address + off) is
 // the base descriptor + (off >> 4) without a carry out of the field: one add per k-step instead
 // of MakeDesc's mask, shift and or (the profile of the dense kernel had ~50 uniform LOP3s per
-// warp and tile, most of them descriptor arithmetic).
+// warp and tile, most of them descriptor arithmetic). ScoresStepsDesc takes the two descriptors
+// (MakeDesc(q_wg, 16, 1024), MakeDesc(k_tile, 16, 1024)), ScoresSteps the addresses.
 template <typename Traits>
-__device__ __forceinline__ void ScoresSteps(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
-                                            uint32_t k_tile) {
-  const uint64_t da = MakeDesc(q_wg, 16, 1024);
-  const uint64_t db = MakeDesc(k_tile, 16, 1024);
+__device__ __forceinline__ void ScoresStepsDesc(float (&s)[Traits::kBlock / 2], uint64_t da,
+                                                uint64_t db) {
 #pragma unroll
   for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
     const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
-    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, da + (koff >> 4), db + (koff >> 4), kk > 0 ? 1 : 0);
+    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, DescAdd(da, koff >> 4), DescAdd(db, koff >> 4),
+                                             kk > 0 ? 1 : 0);
   }
+}
+template <typename Traits>
+__device__ __forceinline__ void ScoresSteps(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
+                                            uint32_t k_tile) {
+  ScoresStepsDesc<Traits>(s, MakeDesc(q_wg, 16, 1024), MakeDesc(k_tile, 16, 1024));
 }
 
 // The wgmma k-steps of O (64, kHeadDim) += P (64, kBlock) V, V = the (kBlock, kHeadDim) tile read
 // MN-major (LBO = panel stride: next 64 head-dim columns; SBO = 1024: next 8 keys; a 16-key k-step
 // is 16 rows of 128 bytes), P from registers. Neither fenced nor committed; descriptors as in
-// ScoresSteps.
+// ScoresSteps (PvStepsDesc takes the V tile's, MakeDesc(v_tile, kPanelBytes, 1024)).
+template <typename Traits>
+__device__ __forceinline__ void PvStepsDesc(float (&acc_o)[Traits::kHeadDim / 2],
+                                            uint32_t (&pa)[Traits::kBlock / 16][4], uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < Traits::kBlock / 16; ++kk) {
+    Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], DescAdd(db, (kk * 16 * 128) >> 4), 1);
+  }
+}
 template <typename Traits>
 __device__ __forceinline__ void PvSteps(float (&acc_o)[Traits::kHeadDim / 2],
                                         uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
-  const uint64_t db = MakeDesc(v_tile, Traits::kPanelBytes, 1024);
-#pragma unroll
-  for (int kk = 0; kk < Traits::kBlock / 16; ++kk) {
-    Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], db + ((kk * 16 * 128) >> 4), 1);
-  }
+  PvStepsDesc<Traits>(acc_o, pa, MakeDesc(v_tile, Traits::kPanelBytes, 1024));
 }
+
+// A consumer's wgmma descriptors for the persistent kernel's K/V ring: its Q rows (per item) and
+// the K and V tiles of stage 0; stage s's are one add away (StageK / StageV), since stage tiles
+// lie kStageBytes apart below 2^18 (the start-address field takes offset >> 4 without a carry).
+// Built once, so the per-tile path from the ping-pong barrier to the GEMM issue holds no
+// descriptor arithmetic (the profile of the dense kernel had ~12 uniform instructions of it
+// there per tile).
+template <typename Traits>
+struct RingDescs {
+  static constexpr uint32_t kStageBytes = 2u * Traits::kTileBytes;  // K then V of one stage
+  // The address-dependent low words (start address >> 4 and LBO); the high words (SBO 1024 and the
+  // 128-byte swizzle) are constants. With two consumer warpgroups the low words are pinned in
+  // registers (an empty asm that "changes" them): otherwise the compiler rebuilds them from the
+  // addresses at every use, right after the ping-pong barrier. (Measured on an H200 with the
+  // words pinned everywhere, bench/results/h200x2-2026-11-27-kernel3/ab-slim: dense D = 128 ~3%,
+  // causal 1%, 99% skipped 0.6% faster, but D = 64, three consumer warpgroups at 160 registers,
+  // 2.5% slower: there the compiler decides.)
+  uint32_t q, k0, v0;
+  static constexpr uint32_t kHi = static_cast<uint32_t>(
+      (uint64_t{1} << 62 | static_cast<uint64_t>((1024 >> 4) & 0x3FFF) << 32) >> 32);
+  __device__ __forceinline__ RingDescs(uint32_t q_wg, uint32_t kv)
+      : q(static_cast<uint32_t>(MakeDesc(q_wg, 16, 1024))),
+        k0(static_cast<uint32_t>(MakeDesc(kv, 16, 1024))),
+        v0(static_cast<uint32_t>(MakeDesc(kv + Traits::kTileBytes, Traits::kPanelBytes, 1024))) {
+    if constexpr (Traits::kConsumerWarpgroups == 2) asm volatile("" : "+r"(q), "+r"(k0), "+r"(v0));
+  }
+  __device__ __forceinline__ static uint64_t Join(uint32_t lo) {
+    return static_cast<uint64_t>(kHi) << 32 | lo;
+  }
+  __device__ __forceinline__ uint64_t Q() const { return Join(q); }
+  __device__ __forceinline__ uint64_t K(int stage) const {
+    return Join(k0 + static_cast<uint32_t>(stage) * (kStageBytes >> 4));
+  }
+  __device__ __forceinline__ uint64_t V(int stage) const {
+    return Join(v0 + static_cast<uint32_t>(stage) * (kStageBytes >> 4));
+  }
+};
 
 // Issues S = Q K^T (ScoresSteps) as one commit group. Not waited for: WaitScores. s is not
 // zeroed: the first k-step runs with scale-d 0, which ignores the accumulator's old value.
@@ -124,13 +170,14 @@ __device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
 // group, then O += P(e-1) V(e-1) (when `pv`) as the next; neither is waited for. WgmmaWait<1>
 // completes S (the older group), WgmmaWait<0> both. A skipped GEMM still commits its (empty)
 // group, so the waits count the same groups on every path and no issued wgmma reaches the loop's
-// back edge unwaited (ptxas serializes the kernel's wgmma otherwise, C7517).
+// back edge unwaited (ptxas serializes the kernel's wgmma otherwise, C7517). dq, dk, dv: the
+// descriptors of Q, K(e) and V(e-1) (RingDescs).
 template <typename Traits>
-__device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2], uint32_t q_wg,
-                                                 uint32_t k_tile, bool scores,
+__device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2], uint64_t dq,
+                                                 uint64_t dk, bool scores,
                                                  float (&acc_o)[Traits::kHeadDim / 2],
                                                  uint32_t (&pa)[Traits::kBlock / 16][4],
-                                                 uint32_t v_tile, bool pv) {
+                                                 uint64_t dv, bool pv) {
   constexpr int kPvSteps = Traits::kBlock / 16;
 #pragma unroll
   for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
@@ -146,13 +193,13 @@ __device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2],
   // runs on every call (the profile showed warps stalling on it); inside the branch it closes on
   // the group's last wgmma, and only the skipped case pays for the empty group.
   if (scores) {
-    ScoresSteps<Traits>(s, q_wg, k_tile);
+    ScoresStepsDesc<Traits>(s, dq, dk);
     WgmmaCommit();
   } else {
     WgmmaCommit();
   }
   if (pv) {
-    PvSteps<Traits>(acc_o, pa, v_tile);
+    PvStepsDesc<Traits>(acc_o, pa, dv);
     WgmmaCommit();
   } else {
     WgmmaCommit();

@@ -268,7 +268,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, OnScores on_scores) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kStages = Traits::kStages;
-  constexpr uint32_t kTileBytes = Traits::kTileBytes;
+  const RingDescs<Traits> descs(cr.q_wg, sm.kv);
   uint32_t pa[kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
   bool pending = false;         // a P V GEMM is owed for stage pending_stage (warpgroup-uniform)
   int pending_stage = 0;
@@ -278,11 +278,22 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     const int stage = static_cast<int>(gi % kStages);
     const uint32_t parity = (gi / kStages) & 1u;
     MbarWait(sm.bar_full + 8 * stage, parity);
-    const int mask = sm.meta[2 * stage + 1];
-    const int64_t k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
-    const bool work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
-    const uint32_t k_tile = sm.kv + stage * 2u * kTileBytes;
-    const uint32_t pending_v = sm.kv + pending_stage * 2u * kTileBytes + kTileBytes;
+    // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it. With
+    // two consumer warpgroups it is read under the GEMMs, after the issue; with three (160
+    // registers) before the barrier. (Measured on an H200, interleaved reps, bench/results/
+    // h200x2-2026-11-27-kernel3/ab-meta-order: after the issue dense D = 128 6%, causal 1%, 99%
+    // skipped 1% faster; at D = 64 with three warpgroups 3.5% slower.) The slot is rewritten only
+    // after this warpgroup's K release below.
+    int mask = 0;
+    int64_t k0 = 0;
+    bool work = false;
+    auto read_meta = [&] {
+      mask = sm.meta[2 * stage + 1];
+      k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
+      work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
+    };
+    constexpr bool kMetaUnderGemms = Traits::kConsumerWarpgroups == 2;
+    if constexpr (!kMetaUnderGemms) read_meta();
     if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
 
     float s[kBlock / 2];
@@ -293,8 +304,10 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // must stay conditional since without a pending tile there is no landed V to multiply, now
     // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
     // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
-    IssueScoresAndPV<Traits>(s, cr.q_wg, k_tile, /*scores=*/true, acc_o, pa, pending_v, pending);
+    IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, pa,
+                             descs.V(pending_stage), pending);
     PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, e + 1 == count);
+    if constexpr (kMetaUnderGemms) read_meta();
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? lane : 1);
     MbarArriveLane0(sm.bar_empty + 8 * stage, lane);  // K(e) read (or not needed)
@@ -323,8 +336,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   if (pending) {
     MbarWait(bar_full_v + 8 * pending_stage, pending_parity);
     float s[kBlock / 2];
-    IssueScoresAndPV<Traits>(s, cr.q_wg, sm.kv, false, acc_o, pa,
-                             sm.kv + pending_stage * 2u * kTileBytes + kTileBytes, true);
+    IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(0), false, acc_o, pa, descs.V(pending_stage),
+                             true);
     WgmmaWait<0>();
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);

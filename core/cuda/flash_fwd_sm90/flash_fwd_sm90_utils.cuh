@@ -99,6 +99,13 @@ __device__ __forceinline__ uint64_t MakeDesc(uint32_t smem_addr, uint32_t lbo, u
   return d;
 }
 
+// The descriptor of (the descriptor's address + off16 * 16 bytes): a 32-bit add on the low word,
+// whose start-address field takes it without a carry while shared-memory addresses stay below
+// 2^18 (a 64-bit add would carry into the high word: two uniform instructions per k-step).
+__device__ __forceinline__ uint64_t DescAdd(uint64_t d, uint32_t off16) {
+  return (d & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(d) + off16);
+}
+
 // Byte offset of (row, 16-byte chunk) in a swizzled (kRows, kHeadDim) tile of column panels.
 template <int kRows>
 __device__ __forceinline__ uint32_t TileOffset(int row, int chunk) {
@@ -132,13 +139,21 @@ __device__ __forceinline__ void MbarArriveLane0(uint32_t bar, int lane) {
 // Acquire (CTA scope) wait for the phase with the given parity to complete. The retry loop is
 // inside the asm (labels local to its braces): to the compiler the wait is one straight-line
 // instruction, so no divergence is seen around the wgmma code that follows.
+// try_wait carries a suspend-time hint (kMbarSuspendNs): a waiting warp sleeps until the phase
+// completes (or the hint runs out) instead of re-polling. Without it the hardware's default
+// limit is short and the loop spins: ncu of the dense kernel counted ~120 M executed YIELD /
+// TRYWAIT / BRA instructions of the producer warps polling their empty barriers through whole
+// items, issue slots taken from the consumer warps of the same schedulers
+// (bench/results/h200x2-2026-11-27-kernel3/profile-vs-fa4; FA4's kernel, whose waits carry a
+// hint, executes none).
+inline constexpr uint32_t kMbarSuspendNs = 10000000;
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred p;\n"
       "MBAR_WAIT_RETRY:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
       "@!p bra MBAR_WAIT_RETRY;\n}\n" ::"r"(bar),
-      "r"(parity)
+      "r"(parity), "n"(kMbarSuspendNs)
       : "memory");
 }
 template <int kRegs>
