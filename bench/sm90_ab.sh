@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of the persistent Hopper kernel's options in one run on one GPU: K/V loads by cp.async or by
-# TMA (FlashKernelOptions::sm90_tma), and the intra-warpgroup overlap (a key tile's softmax under
-# the previous tile's P V GEMM; sm90_overlap). First the sm90 tests (every case with each option,
+# TMA (FlashKernelOptions::sm90_tma), and the D = 64 query tile (--sm90_query_tile 128 / 192).
+# (Builds against each other: bench/kernel_ab.sh.) First the sm90 tests (every case with each option,
 # outputs poisoned, float64 reference), then attnbench_cuda on the dense and block-sparse
 # acceptance cases for each configuration, all configurations twice in turn so that drift shows.
 #
@@ -22,8 +22,8 @@ if [ -x "$BIN/flash_sm90_test" ]; then
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/flash_sm90_test.log" | head -30 >> "$SUMMARY"
 fi
 
-CASES=${CASES:-dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99}
-CONFIGS=${CONFIGS:-"cpasync:--sm90_tma=false,--sm90_overlap=false tma:--sm90_tma=true,--sm90_overlap=false tma_overlap:--sm90_tma=true,--sm90_overlap=true"}
+CASES=${CASES:-dense_n16384,dense_n16384_causal,dense_d64_n16384,dense_d64_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99}
+CONFIGS=${CONFIGS:-"cpasync:--sm90_tma=false tma:--sm90_tma=true tma_q128:--sm90_tma=true,--sm90_query_tile=128"}
 for REP in 1 2; do
   for CONFIG in $CONFIGS; do
     NAME="${CONFIG%%:*}_$REP"

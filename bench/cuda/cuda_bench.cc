@@ -114,7 +114,6 @@ Json CudaOptionsJson(const CudaOptions& o) {
       .Set("sm90_schedule", Sm90ScheduleName(o.flash.sm90_schedule))
       .Set("persistent_max_ctas", o.flash.persistent_max_ctas)
       .Set("item_order", Sm90ItemOrderName(o.flash.item_order))
-      .Set("sm90_overlap", Sm90OverlapName(o.flash.sm90_overlap))
       .Set("sm90_query_tile", Sm90QueryTileName(o.flash.sm90_query_tile))
       .Set("sm90_tma", o.flash.sm90_tma);
 }

@@ -31,10 +31,6 @@ ABSL_FLAG(std::string, sm90_schedule, "",
 ABSL_FLAG(bool, sm90_tma, true,
           "persistent Hopper schedule: load K and V by TMA where the tensors allow it (false: "
           "cp.async)");
-ABSL_FLAG(std::string, sm90_overlap, "auto",
-          "persistent Hopper schedule: overlap each key tile's softmax with the previous tile's "
-          "P V GEMM inside a warpgroup: auto (the default: on) | on | off (true / false: on / "
-          "off)");
 ABSL_FLAG(std::string, sm90_query_tile, "auto",
           "persistent Hopper schedule at D = 64, dense / causal: query rows per work item, "
           "auto (the default: 192) | 128 | 192");
@@ -60,13 +56,6 @@ int Main() {
     return 2;
   }
   opt.cuda = *cuda;
-  absl::StatusOr<Sm90Overlap> overlap =
-      ParseSm90Overlap(absl::GetFlag(FLAGS_sm90_overlap), "--sm90_overlap");
-  if (!overlap.ok()) {
-    std::fprintf(stderr, "attnbench_cuda: %s\n", overlap.status().ToString().c_str());
-    return 2;
-  }
-  opt.cuda.flash.sm90_overlap = *overlap;
   absl::StatusOr<Sm90QueryTile> query_tile =
       ParseSm90QueryTile(absl::GetFlag(FLAGS_sm90_query_tile), "--sm90_query_tile");
   if (!query_tile.ok()) {

@@ -107,25 +107,6 @@ absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name, std::str
   return Invalid(what, "auto, position or head", name);
 }
 
-std::string_view Sm90OverlapName(Sm90Overlap overlap) {
-  switch (overlap) {
-    case Sm90Overlap::kAuto:
-      return "auto";
-    case Sm90Overlap::kOn:
-      return "on";
-    case Sm90Overlap::kOff:
-      return "off";
-  }
-  return "auto";
-}
-
-absl::StatusOr<Sm90Overlap> ParseSm90Overlap(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return Sm90Overlap::kAuto;
-  if (name == "on" || name == "true") return Sm90Overlap::kOn;
-  if (name == "off" || name == "false") return Sm90Overlap::kOff;
-  return Invalid(what, "auto, on or off", name);
-}
-
 std::string_view Sm90QueryTileName(Sm90QueryTile tile) {
   switch (tile) {
     case Sm90QueryTile::kAuto:

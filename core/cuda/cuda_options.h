@@ -50,22 +50,11 @@ enum class Sm90Schedule { kSingleTile, kPersistent };
 //   kPosition: one group (position-major over every head);  kHead: one pair per group.
 enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 
-// Whether the persistent schedule's consumers overlap each key tile's softmax with the previous
-// tile's P V GEMM inside a warpgroup (S(e) and P(e-1) V issued together; it needs TMA loads, and
-// runs without it the sequential consumer). kOff: GEMMs and softmax of a tile in sequence, the
-// other warpgroup filling the tensor cores (ping-pong) meanwhile. kAuto: on. (Measured on an
-// H200, interleaved reps, bench/results/h200x2-2026-11-27-kernel/: once its GEMM groups commit
-// inside their branches (commit-groups-ab/) the overlapped consumer is ahead at both head dims:
-// D = 128 2-13% on block-sparse and up to 5% dense, D = 64 1-3% (overlap-d64/). Before that it
-// was behind at D = 64 (overlap-default/), so auto meant D = 128 only for one commit.)
-enum class Sm90Overlap { kAuto, kOn, kOff };
-
 // Query rows of the persistent schedule's work items at D = 64 on the implicit dense and causal
 // layouts (every other case has items of one layout block, 128 rows):
 //   k128: two consumer warpgroups of 64 rows;
 //   k192: three (512 threads; 32 producer / 160 consumer registers), so that one warpgroup's
-//         softmax has two others' GEMMs to hide under, not one; needs TMA and the overlapped
-//         consumer, else k128 runs.
+//         softmax has two others' GEMMs to hide under, not one; needs TMA loads, else k128 runs.
 //   kAuto: k192 (the tile FlashAttention-3 and -4 take at D = 64; measured in core/cuda/NOTES.md).
 enum class Sm90QueryTile { kAuto, k128, k192 };
 
@@ -87,8 +76,6 @@ struct FlashKernelOptions {
   // > 0: (head, batch, segment) pairs per work-item group, overriding item_order (tests: groups
   // of uneven size); 0: from item_order.
   int persistent_head_group = 0;
-  // The persistent schedule's consumer (Sm90Overlap above).
-  Sm90Overlap sm90_overlap = Sm90Overlap::kAuto;
   // The persistent schedule's work-item height at D = 64 (Sm90QueryTile above).
   Sm90QueryTile sm90_query_tile = Sm90QueryTile::kAuto;
   // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
@@ -118,7 +105,6 @@ std::string_view AttentionEngineName(AttentionEngine engine);  // "auto", "own",
 std::string_view FlashKernelArchName(FlashKernelArch arch);    // "auto", "sm80", "sm90"
 std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "single_tile", ...
 std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
-std::string_view Sm90OverlapName(Sm90Overlap overlap);         // "auto", "on", "off"
 std::string_view Sm90QueryTileName(Sm90QueryTile tile);        // "auto", "128", "192"
 
 // Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
@@ -132,9 +118,6 @@ absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name,
                                                std::string_view what = "sm90 schedule");
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,
                                                  std::string_view what = "sm90 item order");
-// Also takes true / false (the former boolean flag) for on / off.
-absl::StatusOr<Sm90Overlap> ParseSm90Overlap(std::string_view name,
-                                             std::string_view what = "sm90 overlap");
 absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name,
                                                  std::string_view what = "sm90 query tile");
 

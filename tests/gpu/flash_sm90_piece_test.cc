@@ -300,25 +300,20 @@ TEST_P(FlashSm90PieceTest, RectangularPiecesWithOffsets) {
   auto dlse = DeviceBuffer::Create(alloc, n * hq * sizeof(float));
   ASSERT_TRUE(dacc.ok() && dout.ok() && dlse.ok());
   // Every schedule.
-  // The persistent one with TMA loads (default), with the overlap, and with cp.async loads.
+  // The persistent one with TMA loads (default) and with cp.async loads.
   struct Run {
     Sm90Schedule schedule;
-    bool overlap;
     bool tma;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
-    runs.push_back({schedule, false, true});
-    if (schedule == Sm90Schedule::kPersistent) {
-      runs.push_back({schedule, true, true});
-      runs.push_back({schedule, false, false});
-    }
+    runs.push_back({schedule, true});
+    if (schedule == Sm90Schedule::kPersistent) runs.push_back({schedule, false});
   }
-  for (const auto& [schedule, overlap, tma] : runs) {
+  for (const auto& [schedule, tma] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
-                              overlap ? ", overlap" : "", tma ? "" : ", cp.async"));
+                              tma ? "" : ", cp.async"));
     FlashKernelOptions options = ForcedSm90(schedule);
-    options.sm90_overlap = overlap ? Sm90Overlap::kOn : Sm90Overlap::kOff;
     options.sm90_tma = tma;
     {
       std::vector<float> ninf(n * hq, -std::numeric_limits<float>::infinity());

@@ -144,15 +144,13 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   ASSERT_TRUE(ref.ok()) << ref.status();
   // The persistent schedule runs once per work-item order: head-major and position-major,
   // whatever the layout's default.
-  // The persistent schedule runs with TMA loads (its default) in both item orders, with and
-  // without the intra-warpgroup overlap, and once with cp.async loads.
-  // Also groups of 3 (head, batch, segment) pairs: uneven groups where hz is not a multiple.
-  // With the overlap the D = 64 dense and causal cases take items of 192 query rows by default;
-  // one more run asks for 128.
+  // The persistent schedule runs with TMA loads (its default) and with cp.async loads, in both
+  // item orders. Also groups of 3 (head, batch, segment) pairs: uneven groups where hz is not a
+  // multiple. The D = 64 dense and causal cases take items of 192 query rows by default (with
+  // TMA; cp.async runs 128); one more run asks for 128, one for 192 with groups of 3.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
-    bool overlap;
     bool tma;
     int head_group;
     Sm90QueryTile query_tile = Sm90QueryTile::kAuto;
@@ -160,26 +158,23 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
     if (schedule == Sm90Schedule::kPersistent) {
-      for (bool overlap : {false, true}) {
-        runs.push_back({schedule, Sm90ItemOrder::kHead, overlap, true, 0});
-        runs.push_back({schedule, Sm90ItemOrder::kPosition, overlap, true, 0});
+      for (bool tma : {true, false}) {
+        runs.push_back({schedule, Sm90ItemOrder::kHead, tma, 0});
+        runs.push_back({schedule, Sm90ItemOrder::kPosition, tma, 0});
       }
-      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, true, 3});
-      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, true, 0, Sm90QueryTile::k128});
-      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, true, 3, Sm90QueryTile::k192});
-      runs.push_back({schedule, Sm90ItemOrder::kHead, false, false, 0});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 3});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 0, Sm90QueryTile::k128});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 3, Sm90QueryTile::k192});
     } else {
-      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, false, 0});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, false, 0});
     }
   }
-  for (const auto& [schedule, order, overlap, tma, head_group, query_tile] : runs) {
+  for (const auto& [schedule, order, tma, head_group, query_tile] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
-                              overlap ? ", overlap" : "", tma ? ", tma" : ", cp.async",
-                              ", head group ", head_group, ", query tile ",
-                              std::string(Sm90QueryTileName(query_tile))));
+                              tma ? ", tma" : ", cp.async", ", head group ", head_group,
+                              ", query tile ", std::string(Sm90QueryTileName(query_tile))));
     FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
-    options.sm90_overlap = overlap ? Sm90Overlap::kOn : Sm90Overlap::kOff;
     options.sm90_tma = tma;
     options.persistent_head_group = head_group;
     options.sm90_query_tile = query_tile;
@@ -333,12 +328,6 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
        {Sm90ItemOrder::kAuto, Sm90ItemOrder::kPosition, Sm90ItemOrder::kHead}) {
     EXPECT_EQ(*ParseSm90ItemOrder(Sm90ItemOrderName(o)), o);
   }
-  for (const Sm90Overlap o : {Sm90Overlap::kAuto, Sm90Overlap::kOn, Sm90Overlap::kOff}) {
-    EXPECT_EQ(*ParseSm90Overlap(Sm90OverlapName(o)), o);
-  }
-  EXPECT_EQ(*ParseSm90Overlap("true"), Sm90Overlap::kOn);  // the former boolean flag's values
-  EXPECT_EQ(*ParseSm90Overlap("false"), Sm90Overlap::kOff);
-  EXPECT_EQ(ParseSm90Overlap("sometimes").status().code(), absl::StatusCode::kInvalidArgument);
   for (const Sm90QueryTile t : {Sm90QueryTile::kAuto, Sm90QueryTile::k128, Sm90QueryTile::k192}) {
     EXPECT_EQ(*ParseSm90QueryTile(Sm90QueryTileName(t)), t);
   }
@@ -390,7 +379,7 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     SCOPED_TRACE(c.name);
     // sm80, then sm90 single tile and persistent (full persistent grid); each sm90 schedule is
     // compared with sm80.
-    // The last run is the persistent schedule with the intra-warpgroup overlap.
+    // The last run is the persistent schedule with cp.async loads.
     constexpr int kRuns = 4;
     HostTensor o[kRuns], lse[kRuns];
     FlashKernelOptions sm80;
@@ -400,7 +389,7 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     for (int i = 0; i < kRuns; ++i) {
       if (i > 0 && !TestsSchedule(schedules[i])) continue;
       FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);
-      options.sm90_overlap = i == kRuns - 1 ? Sm90Overlap::kOn : Sm90Overlap::kOff;
+      options.sm90_tma = i != kRuns - 1;
       absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
       ASSERT_TRUE(run.ok()) << run.status();
       o[i] = std::move(run->o);
@@ -420,7 +409,7 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     for (int run = 1; run < kRuns; ++run) {
       if (!TestsSchedule(schedules[run])) continue;
       SCOPED_TRACE(absl::StrCat("sm90 ", std::string(Sm90ScheduleName(schedules[run])),
-                                run == kRuns - 1 ? " overlap" : "", " vs sm80"));
+                                run == kRuns - 1 ? " cp.async" : "", " vs sm80"));
       std::vector<float> a(o[0].numel()), b(o[run].numel()), la(lse[0].numel()),
           lb(lse[run].numel());
       o[0].ToFloat32(a.data());

@@ -76,20 +76,17 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
         group = std::min(options.persistent_head_group,
                          std::max(1, p.num_heads * p.batch * p.num_segs));
       }
-      // Sm90Overlap::kAuto: the overlapped consumer (measured ahead at D = 64 and 128,
-      // cuda_options.h).
-      const bool overlap = options.sm90_overlap != Sm90Overlap::kOff;
       // D = 64, implicit layouts: items of 192 query rows (three consumer warpgroups) unless
-      // asked for 128; the launcher refuses where they do not apply (no TMA, overlap off).
+      // asked for 128; the launcher refuses where they do not apply (no TMA).
       if constexpr (kHeadDim == 64) {
         if (options.sm90_query_tile != Sm90QueryTile::k128 && p.col_idx == nullptr) {
           const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 3>(
-              p, ctas, group, overlap, options.sm90_tma, stream);
+              p, ctas, group, options.sm90_tma, stream);
           if (err != cudaErrorNotSupported) return err;
         }
       }
-      return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, overlap,
-                                                           options.sm90_tma, stream);
+      return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, options.sm90_tma,
+                                                           stream);
     }
     case FlashKernel::kSm90SingleTile:
       return p.block_size == 64 ? RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream)

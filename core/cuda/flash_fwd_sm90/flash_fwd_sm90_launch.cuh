@@ -18,15 +18,13 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
 // The persistent warp-specialized kernel (flash_fwd_sm90_persistent_kernel.cuh): layout block
 // 128 only; grid = min(num_sms, work items). head_group: (head, batch * segment) pairs per group
 // of work items, position-major inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
-// overlap: the consumers overlap each tile's softmax with the previous tile's P V GEMM.
 // tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
 // kConsumerWarpgroups 3: work items of 192 query rows (D = 64, implicit dense / causal layouts,
-// the overlapped consumer on TMA loads only); cudaErrorNotSupported where that does not apply
-// (a CSR layout, no TMA, overlap off), and the caller runs the two-consumer kernel instead.
+// TMA loads only); cudaErrorNotSupported where that does not apply (a CSR layout, no TMA), and
+// the caller runs the two-consumer kernel instead.
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
-                                          int head_group, bool overlap, bool tma,
-                                          cudaStream_t stream);
+                                          int head_group, bool tma, cudaStream_t stream);
 
 // The persistent kernel's Q, K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, row, head,
 // segment, batch) over params' pointers and element strides, 128-byte swizzle, boxes of 64
@@ -69,25 +67,22 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
 
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
-                                          int head_group, bool overlap, bool tma,
-                                          cudaStream_t stream) {
+                                          int head_group, bool tma, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups>;
   constexpr bool kTallItems = Traits::kItemRows != 0;
-  if (kTallItems && (params.col_idx != nullptr || !tma || !overlap)) return cudaErrorNotSupported;
+  if (kTallItems && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
   Sm90TmaMaps maps{};
   if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps, Traits::kBlockM) != cudaSuccess) {
     if (kTallItems) return cudaErrorNotSupported;
     tma = false;
   }
-  // The overlapped consumer runs on TMA loads only (its split K/V barriers); without them the
-  // sequential one runs. Tall items exist with the overlapped consumer only.
-  decltype(&flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>) kernel = nullptr;
+  // Tall items are instantiated with TMA loads only.
+  decltype(&flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>) kernel = nullptr;
   if constexpr (kTallItems) {
-    kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>;
+    kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>;
   } else {
-    kernel = tma ? (overlap ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>
-                            : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, true>)
-                 : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false, false>;
+    kernel = tma ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>
+                 : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false>;
   }
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err =

@@ -4,10 +4,10 @@
 
 namespace attnserve {
 template cudaError_t RunFlashFwdSm90PersistentImpl<64, __nv_bfloat16>(
-    const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+    const FlashFwdParams&, int, int, bool, cudaStream_t);
 template cudaError_t RunFlashFwdSm90PersistentImpl<128, __nv_bfloat16>(
-    const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+    const FlashFwdParams&, int, int, bool, cudaStream_t);
 // D = 64 items of 192 query rows (three consumer warpgroups).
 template cudaError_t RunFlashFwdSm90PersistentImpl<64, __nv_bfloat16, 3>(
-    const FlashFwdParams&, int, int, bool, bool, cudaStream_t);
+    const FlashFwdParams&, int, int, bool, cudaStream_t);
 }  // namespace attnserve

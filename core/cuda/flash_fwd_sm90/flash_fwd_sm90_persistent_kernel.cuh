@@ -1,6 +1,7 @@
 // flash_fwd_sm90 persistent kernel: the Hopper kernel's default schedule (reported as "sm90v3").
-// Warp-specialized (producer and consumer warpgroups: roles, register split, per-stage protocol
-// and the per-tile consumer are in flash_fwd_sm90_warp_specialized.cuh) on a persistent grid.
+// Warp-specialized (producer and consumer warpgroups: roles, register split and the per-stage
+// protocol are in flash_fwd_sm90_warp_specialized.cuh) on a persistent grid; one consumer body,
+// ConsumeItemOverlapped below, for TMA and cp.async loads alike.
 // Layout block 128 only (block 64 runs the single-tile kernel, flash_fwd_sm90_kernel.cuh). What
 // the persistent grid adds:
 // - Grid = min(#SMs, #work items), one CTA per SM. A work item is (query-block row, head,
@@ -81,9 +82,10 @@ struct Sm90PersistentTraits : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsu
 // G % kStages, use G / kStages of that stage, loaded by warp G % kProducerWarps.
 template <typename Traits>
 __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
-                                                    const WarpSpecializedSmem& sm, int num_items,
-                                                    int head_group, int64_t nk, int warp,
-                                                    int lane) {
+                                                    const WarpSpecializedSmem& sm,
+                                                    uint32_t bar_full_v, uint32_t bar_empty_v,
+                                                    int num_items, int head_group, int64_t nk,
+                                                    int warp, int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kProducerWarps = Traits::kProducerWarps;
   const int hz = p.num_heads * (p.batch * p.num_segs);
@@ -98,8 +100,9 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
         (static_cast<uint32_t>(warp) + kProducerWarps - g % kProducerWarps) % kProducerWarps);
     for (int e = e0; e < w.count; e += kProducerWarps) {
       const uint32_t gi = g + static_cast<uint32_t>(e);
-      ProduceKvTile<Traits>(p, sm, w.row, w.begin, e, static_cast<int>(gi % Traits::kStages),
-                            gi / Traits::kStages, k_base, v_base, nk, lane);
+      ProduceKvTile<Traits>(p, sm, bar_full_v, bar_empty_v, w.row, w.begin, e,
+                            static_cast<int>(gi % Traits::kStages), gi / Traits::kStages, k_base,
+                            v_base, nk, lane);
     }
     g += static_cast<uint32_t>(w.count);
   }
@@ -112,10 +115,10 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
 // for them nor fences, so every free stage has a tile in flight (cp.async producers wait for
 // their own copies before they publish, one tile per warp). Rows past the key end are
 // zero-filled by the TMA unit (the map's row extent is the key count).
-// kSplitKv (the overlapped consumer): K and V of a stage have their own barriers (K: full/empty,
-// V: full_v/empty_v), since the consumer is done with K(e) after S(e) but reads V(e) a tile later;
-// K of a stage can then reload while its V is still being read.
-template <typename Traits, bool kSplitKv>
+// K and V of a stage have their own barriers (K: full/empty, V: full_v/empty_v), since the
+// consumer is done with K(e) after S(e) but reads V(e) a tile later; K of a stage can then
+// reload while its V is still being read.
+template <typename Traits>
 __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
                                                        const WarpSpecializedSmem& sm,
                                                        uint32_t bar_full_v, uint32_t bar_empty_v,
@@ -148,29 +151,19 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
         const uint32_t bar = sm.bar_full + 8 * stage;
         const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
         const int k0 = blk * kBlock;
-        if constexpr (kSplitKv) {
-          MbarArriveExpectTx(bar, Traits::kTileBytes);
+        MbarArriveExpectTx(bar, Traits::kTileBytes);
 #pragma unroll
-          for (int panel = 0; panel < kPanels; ++panel) {
-            TmaLoad5d(k_tile + panel * Traits::kPanelBytes, tma_k, bar, panel * 64, k0, kv_head,
-                      seg, batch);
-          }
-          if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
-          const uint32_t bar_v = bar_full_v + 8 * stage;
-          MbarArriveExpectTx(bar_v, Traits::kTileBytes);
+        for (int panel = 0; panel < kPanels; ++panel) {
+          TmaLoad5d(k_tile + panel * Traits::kPanelBytes, tma_k, bar, panel * 64, k0, kv_head, seg,
+                    batch);
+        }
+        if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
+        const uint32_t bar_v = bar_full_v + 8 * stage;
+        MbarArriveExpectTx(bar_v, Traits::kTileBytes);
 #pragma unroll
-          for (int panel = 0; panel < kPanels; ++panel) {
-            TmaLoad5d(k_tile + Traits::kTileBytes + panel * Traits::kPanelBytes, tma_v, bar_v,
-                      panel * 64, k0, kv_head, seg, batch);
-          }
-        } else {
-          MbarArriveExpectTx(bar, 2u * Traits::kTileBytes);
-#pragma unroll
-          for (int panel = 0; panel < kPanels; ++panel) {
-            const uint32_t at = k_tile + panel * Traits::kPanelBytes;
-            TmaLoad5d(at, tma_k, bar, panel * 64, k0, kv_head, seg, batch);
-            TmaLoad5d(at + Traits::kTileBytes, tma_v, bar, panel * 64, k0, kv_head, seg, batch);
-          }
+        for (int panel = 0; panel < kPanels; ++panel) {
+          TmaLoad5d(k_tile + Traits::kTileBytes + panel * Traits::kPanelBytes, tma_v, bar_v,
+                    panel * 64, k0, kv_head, seg, batch);
         }
       }
     }
@@ -348,7 +341,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
 // Consumer warpgroup `wg`: per item, wait for Q and the item's metadata, run its 64 rows against
 // the item's tiles (the ring continues across items), release Q after the last S GEMM, then the
 // epilogue. Accumulators and softmax statistics are reset per item.
-template <typename Traits, bool kOverlap>
+template <typename Traits>
 __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   const WarpSpecializedSmem& sm,
                                                   uint32_t bar_full_v, uint32_t bar_empty_v,
@@ -356,7 +349,6 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   int wg, int warp, int lane) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kHeadDim = Traits::kHeadDim;
-  constexpr int kStages = Traits::kStages;
   const uint32_t bar_q_empty = sm.bar_q + 8;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
 
@@ -380,23 +372,10 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
     const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
 
-    if constexpr (kOverlap) {
-      ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, wg, lane, cr,
-                                    rows, nk, acc_o, softmax,
-                                    [&](int arrive_lane) {
-                                      MbarArriveLane0(bar_q_empty, arrive_lane);
-                                    });
-    } else {
-      for (int e = 0; e < count; ++e) {
-        const uint32_t gi = gbase + static_cast<uint32_t>(e);
-        // Lane 0 of each warp arrives on q_empty after this item's last S GEMM (lane argument 1:
-        // no arrive).
-        const int q_release_lane = e + 1 == count ? lane : 1;
-        ConsumeTile<Traits>(p, sm, static_cast<int>(gi % kStages), (gi / kStages) & 1u, e == 0,
-                            e + 1 == count, wg, lane, cr, rows, nk, acc_o, softmax,
-                            [&] { MbarArriveLane0(bar_q_empty, q_release_lane); });
-      }
-    }
+    ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, wg, lane, cr,
+                                  rows, nk, acc_o, softmax, [&](int arrive_lane) {
+                                    MbarArriveLane0(bar_q_empty, arrive_lane);
+                                  });
     if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
     gbase += static_cast<uint32_t>(count);
 
@@ -409,13 +388,12 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
-// kOverlap: the consumers overlap a tile's softmax with the previous tile's P V GEMM
-// (ConsumeItemOverlapped); otherwise one tile's GEMMs and softmax run in sequence (ConsumeTile).
-// kTma: Q, K and V arrive by TMA through tma_q / tma_k / tma_v (5-D maps: head dim, row, head,
-// segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows, kBlockM for Q); otherwise
-// by cp.async
-// (K/V from kProducerWarps warps, Q from the next one; the maps are then not read).
-template <typename Traits, bool kOverlap, bool kTma>
+// The consumers overlap a tile's softmax with the previous tile's P V GEMM
+// (ConsumeItemOverlapped). kTma: Q, K and V arrive by TMA through tma_q / tma_k / tma_v (5-D
+// maps: head dim, row, head, segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows,
+// kBlockM for Q); otherwise by cp.async (K/V from kProducerWarps warps, Q from the next one; the
+// maps are then not read).
+template <typename Traits, bool kTma>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     FlashFwdSm90PersistentKernel(const FlashFwdParams p, const int num_items, const int head_group,
                          const __grid_constant__ CUtensorMap tma_q,
@@ -435,21 +413,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
-  // The overlapped consumer's V barriers (full_v[kStages], then empty_v[kStages]).
+  // The V halves' barriers (full_v[kStages], then empty_v[kStages]).
   const uint32_t bar_full_v = sm.bar_full + (Traits::kVBarOffset - Traits::kBarOffset);
   const uint32_t bar_empty_v = bar_full_v + 8 * Traits::kStages;
-  static_assert(!kOverlap || kTma, "the overlapped consumer's split K/V barriers need TMA loads");
 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < Traits::kStages; ++s) {
-      if constexpr (kOverlap) {
-        MbarInit(bar_full_v + 8 * s, 1);
-        MbarInit(bar_empty_v + 8 * s, 4 * Traits::kConsumerWarpgroups);
-      }
       // TMA: the one arrive.expect_tx of the issuing lane; cp.async: every lane of the producer
       // warp that loads the tile.
       MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
+      MbarInit(bar_full_v + 8 * s, kTma ? 1 : 32);
+      MbarInit(bar_empty_v + 8 * s, 4 * Traits::kConsumerWarpgroups);
       MbarInit(sm.bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // a lane per consumer warp
     }
     // q_full: the TMA lane's arrive, or every lane of the Q warp (producer warp kProducerWarps).
@@ -465,11 +440,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warp < Traits::kProducerWarps) {
       if constexpr (kTma) {
         if (warp == 0) {
-          ProducePersistentKvTma<Traits, kOverlap>(p, sm, bar_full_v, bar_empty_v, num_items,
-                                                   head_group, &tma_k, &tma_v, lane);
+          ProducePersistentKvTma<Traits>(p, sm, bar_full_v, bar_empty_v, num_items, head_group,
+                                         &tma_k, &tma_v, lane);
         }
       } else {
-        ProducePersistentKv<Traits>(p, sm, num_items, head_group, nk, warp, lane);
+        ProducePersistentKv<Traits>(p, sm, bar_full_v, bar_empty_v, num_items, head_group, nk,
+                                    warp, lane);
       }
     } else if (warp == Traits::kProducerWarps) {
       ProducePersistentQ<Traits, kTma>(p, sm, item_meta, num_items, head_group, &tma_q,
@@ -477,8 +453,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   } else {
     SetMaxNregInc<Traits::kConsumerRegs>();
-    ConsumePersistent<Traits, kOverlap>(p, sm, bar_full_v, bar_empty_v, item_meta, num_items, nk,
-                                        warpgroup - 1, warp, lane);
+    ConsumePersistent<Traits>(p, sm, bar_full_v, bar_empty_v, item_meta, num_items, nk,
+                              warpgroup - 1, warp, lane);
   }
 #else
   __trap();

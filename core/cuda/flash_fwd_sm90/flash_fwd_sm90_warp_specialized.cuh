@@ -4,28 +4,30 @@
 // descriptors and epilogue are the single-tile kernel's (flash_fwd_sm90_kernel.cuh; the shared
 // functions of flash_fwd_sm90_mainloop, _mask, _softmax and _epilogue.cuh); what differs is who
 // loads and how the stages are handed over:
-// - CTA = 3 warpgroups (384 threads), layout block 128 only (block 64 runs the single-tile
-//   kernel): warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0 and 1 load K/V,
-//   warp 2 loads Q, warp 3 exits), warpgroups 1 and 2 = consumers (setmaxnreg.inc to
-//   kConsumerRegs), query rows [0, 64) and [64, 128) of the tile, exactly as the single-tile
-//   kernel's warpgroups 0 and 1.
-// - cp.async producer warps (ProduceKvTile, WarpLoadTile): 16-byte copies into the same swizzled
-//   layout with the same zero-fill past the key end as the single-tile kernel, of each kept K/V
-//   block into the kStages ring, tile e by warp e % 2. A warp issues its tile, waits for its own
-//   copies (cp.async.wait_group 0), runs fence.proxy.async.shared::cta in every writing lane (the
-//   writes are generic-proxy, wgmma reads through the async proxy; the fence is in the writing
-//   thread, before the release) and arrives on full[stage] (count 32: every lane of that warp).
-//   Two warps = two tiles loading at once, each published as soon as it landed. Lane 0 also
-//   stores (key block, mask kind) of the tile in a per-stage smem slot before the arrive, so
-//   consumers read no CSR from global memory. (The kernel's TMA producer keeps the slot and the
-//   barriers; its copies complete on full[stage] themselves.)
-// - Consumers (ConsumeTile) wait on full[stage] (parity = use count & 1), and after their last
-//   wgmma reading the stage completed (wgmma.wait_group 0 after P V), one lane per warp arrives on
-//   empty[stage] (count 8 = all consumer warps). The producer waits on empty[stage] before
-//   overwriting it. No __syncthreads in the loop; the warpgroup ping-pong is the single-tile
-//   kernel's (named barrier 1: warpgroup 1's S GEMM after warpgroup 0's) plus its mirror (named
-//   barrier 2: warpgroup 0's S GEMM of tile e after warpgroup 1's of tile e - 1), which bounds the
-//   warpgroups' skew to one tile now that no CTA barrier does.
+// - CTA = 1 + kConsumerWarpgroups warpgroups, K/V tiles of layout block 128 only (block 64 runs
+//   the single-tile kernel): warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0
+//   and 1 load K/V, warp 2 loads Q, warp 3 exits), the others consumers (setmaxnreg.inc to
+//   kConsumerRegs), 64 query rows each: [0, 64) and [64, 128) of a 128-row item, as the
+//   single-tile kernel's warpgroups 0 and 1, or three of a 192-row item at D = 64.
+// - K and V of a stage have their own barriers (full / empty for K, full_v / empty_v for V): the
+//   consumer is done with K(e) after S(e) but reads V(e) a tile later, under the next tile's
+//   softmax (flash_fwd_sm90_persistent_kernel.cuh: ConsumeItemOverlapped).
+// - cp.async producer warps (ProduceKvTile, WarpLoadTile), where TMA cannot address the tensors:
+//   16-byte copies into the same swizzled layout with the same zero-fill past the key end as the
+//   single-tile kernel, of each kept K/V block into the kStages ring, tile e by warp e % 2. A
+//   warp issues K and V of its tile as two copy groups, and as each lands
+//   (cp.async.wait_group), runs fence.proxy.async.shared::cta in every writing lane (the writes
+//   are generic-proxy, wgmma reads through the async proxy; the fence is in the writing thread,
+//   before the release) and arrives on full[stage], then full_v[stage] (count 32: every lane of
+//   that warp). Two warps = two tiles loading at once. Lane 0 also stores (key block, mask kind)
+//   of the tile in a per-stage smem slot before the arrive, so consumers read no CSR from global
+//   memory. (The TMA producer keeps the slot and the barriers; its copies complete on them.)
+// - Consumers wait on full[stage] (parity = use count & 1); one lane per warp arrives on
+//   empty[stage] once its S GEMM completed and on empty_v[stage] once its P V GEMM did (count
+//   4 x kConsumerWarpgroups: all consumer warps). The producer waits on them before overwriting
+//   a half. No __syncthreads in the loop; the warpgroups' GEMM issues go round through named
+//   barriers (PingPongBeforeScores / PingPongAfterScores), which also bound their skew to one
+//   tile now that no CTA barrier does.
 // - Every consumer warp waits on full and arrives on empty for every tile, also when it has no
 //   work for the tile (rows past the end, causal diagonal after its rows): this keeps each
 //   barrier phase = one tile (an idle warp cannot run ahead into the next phase).
@@ -145,20 +147,22 @@ __device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned 
 // cp.async producer K/V warp: tile e of row `row` (ring slot `stage`, use `use` of that slot
 // counted from 0: the CTA's global tile index / kStages) into the ring. Its CSR entry is read
 // before the stage wait, so its latency overlaps it; the consumers released the slot's previous
-// tile (use - 1) before it is overwritten. The warp waits for its own copies, makes them visible
-// to the async proxy (wgmma) in every writing lane, and releases them and lane 0's metadata with
-// its full[stage] arrive.
+// K (use - 1) before K is overwritten, and its previous V before V is. The warp waits for its
+// own copies, K's group first, makes them visible to the async proxy (wgmma) in every writing
+// lane, and releases K and lane 0's metadata with its full[stage] arrive, V with full_v[stage].
 template <typename Traits>
 __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
-                                              const WarpSpecializedSmem& sm, int row, int64_t begin,
-                                              int e, int stage, uint32_t use,
+                                              const WarpSpecializedSmem& sm, uint32_t bar_full_v,
+                                              uint32_t bar_empty_v, int row, int64_t begin, int e,
+                                              int stage, uint32_t use,
                                               const typename Traits::Elem* k_base,
                                               const typename Traits::Elem* v_base, int64_t nk,
                                               int lane) {
   constexpr int kBlock = Traits::kBlock;
   int mask;
   const int blk = TileKeyBlock<Traits::kItemRows>(p, row, begin, e, mask);
-  if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
+  const uint32_t released = (use + 1) & 1u;  // parity of the slot's previous use
+  if (use > 0) MbarWait(sm.bar_empty + 8 * stage, released);
   if (lane == 0) {
     sm.meta[2 * stage] = blk;
     sm.meta[2 * stage + 1] = mask;
@@ -166,12 +170,17 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
   const int64_t k0 = static_cast<int64_t>(blk) * kBlock;
   const uint32_t base = sm.kv + stage * 2u * Traits::kTileBytes;
   WarpLoadTile<kBlock, Traits::kChunks>(base, k_base, p.k_row_stride, k0, nk, lane);
+  CpAsyncCommit();
+  if (use > 0) MbarWait(bar_empty_v + 8 * stage, released);
   WarpLoadTile<kBlock, Traits::kChunks>(base + Traits::kTileBytes, v_base, p.v_row_stride, k0, nk,
                                         lane);
   CpAsyncCommit();
-  CpAsyncWait<0>();
+  CpAsyncWait<1>();  // K landed
   FenceProxyAsyncShared();
   MbarArrive(sm.bar_full + 8 * stage);
+  CpAsyncWait<0>();  // V landed
+  FenceProxyAsyncShared();
+  MbarArrive(bar_full_v + 8 * stage);
 }
 
 // Ping-pong between the kWgs consumer warpgroups of the warp-specialized kernel: the S GEMM
@@ -208,44 +217,6 @@ struct ConsumerRow {
   int64_t wg_row0;  // its first query row
   bool active;      // any of its rows before the query end (warpgroup-uniform)
 };
-
-// One K/V tile of a consumer warpgroup: wait for the stage (ring slot `stage`, full parity
-// `parity`), ping-pong, S GEMM, then mask / softmax / P V, and hand the stage back. Every
-// consumer warp waits and arrives every tile, also without work (rows past the end, a causal
-// diagonal after its rows), so one barrier phase is one tile. on_scores() runs once the S GEMM
-// completed (or would have: no work), by the converged warp: the persistent kernel releases Q
-// there. One `if (work)` block holds the S wgmma and its wait: an issued wgmma reaching the loop
-// back edge without a wait on some path makes ptxas insert waits and serialize (C7517/C7515).
-template <typename Traits, typename OnScores>
-__device__ __forceinline__ void ConsumeTile(
-    const FlashFwdParams& p, const WarpSpecializedSmem& sm, int stage, uint32_t parity, bool first,
-    bool last, int wg, int lane, const ConsumerRow& cr, const ThreadRows& rows, int64_t nk,
-    float (&acc_o)[Traits::kHeadDim / 2], OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax,
-    OnScores on_scores) {
-  constexpr int kBlock = Traits::kBlock;
-  MbarWait(sm.bar_full + 8 * stage, parity);
-  const int mask = sm.meta[2 * stage + 1];
-  const int64_t k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
-  const bool work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
-  const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
-  const uint32_t v_tile = k_tile + Traits::kTileBytes;
-
-  PingPongBeforeScores<Traits::kConsumerWarpgroups>(wg, first);
-  if (!work) {
-    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, last);
-    on_scores();
-  } else {
-    float s[kBlock / 2];  // (64, kBlock) S of this warpgroup
-    IssueScores<Traits>(s, cr.q_wg, k_tile);
-    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, last);
-    WaitScores(s);
-    on_scores();
-    ConsumeScores<Traits>(p, s, acc_o, softmax, rows, mask, k0, nk, v_tile);
-  }
-  // This warp's wgmma reads of the stage are complete (wgmma.wait_group 0 in GemmPV, executed by
-  // the converged warp): hand the stage back to the producer.
-  MbarArriveLane0(sm.bar_empty + 8 * stage, lane);
-}
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 
