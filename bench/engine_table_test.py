@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import engine_table  # noqa: E402
 
-H200_RUN = "bench/results/h200x2-2026-11-27-kernel/engine-table"
+H200_RUN = "bench/results/h200x2-2026-11-27-kernel3/engine-table"
+H200_FILE = "bench_1.json"  # the run the built-in rows come from (bench_2.json: the repeat)
 FAILURES = []
 
 
@@ -62,7 +63,7 @@ def made_up_report():
 
 def main():
     # The built-in table's rows of the H200 run are exactly what the converter prints for it.
-    lines = engine_table.table_lines([os.path.join(ROOT, H200_RUN, "bench.json")],
+    lines = engine_table.table_lines([os.path.join(ROOT, H200_RUN, H200_FILE)],
                                      source=H200_RUN, header=False, log=io.StringIO())
     builtin = builtin_lines()
     expect(builtin[0] == engine_table.HEADER, f"built-in header: {builtin[0]!r}")
