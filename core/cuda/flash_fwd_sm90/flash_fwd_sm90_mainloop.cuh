@@ -69,7 +69,7 @@ __device__ __forceinline__ void PvSteps(float (&acc_o)[Traits::kHeadDim / 2],
 }
 
 // A consumer's wgmma descriptors for the persistent kernel's K/V ring: its Q rows (per item) and
-// the K and V tiles of stage 0; stage s's are one add away (StageK / StageV), since stage tiles
+// the K and V tiles of stage 0; stage s's are one add away (K(s) / V(s)), since stage tiles
 // lie kStageBytes apart below 2^18 (the start-address field takes offset >> 4 without a carry).
 // Built once, so the per-tile path from the ping-pong barrier to the GEMM issue holds no
 // descriptor arithmetic (the profile of the dense kernel had ~12 uniform instructions of it
@@ -85,8 +85,9 @@ struct RingDescs {
   // causal 1%, 99% skipped 0.6% faster, but D = 64, three consumer warpgroups at 160 registers,
   // 2.5% slower: there the compiler decides.)
   uint32_t q, k0, v0;
-  static constexpr uint32_t kHi = static_cast<uint32_t>(
-      (uint64_t{1} << 62 | static_cast<uint64_t>((1024 >> 4) & 0x3FFF) << 32) >> 32);
+  static constexpr uint32_t kHi = static_cast<uint32_t>(MakeDesc(0, 16, 1024) >> 32);
+  static_assert(kHi == static_cast<uint32_t>(MakeDesc(0, Traits::kPanelBytes, 1024) >> 32),
+                "the high word depends on SBO and the swizzle only");
   __device__ __forceinline__ RingDescs(uint32_t q_wg, uint32_t kv)
       : q(static_cast<uint32_t>(MakeDesc(q_wg, 16, 1024))),
         k0(static_cast<uint32_t>(MakeDesc(kv, 16, 1024))),

@@ -68,8 +68,8 @@ struct Sm90PersistentTraits : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsu
   static constexpr int kBarOffset = Roles::kQTileBytes + Roles::kTileBytes * 2 * Roles::kStages;
   static constexpr int kMetaOffset = kBarOffset + 8 * (2 * Roles::kStages + 2);
   static constexpr int kItemMetaOffset = kMetaOffset + 8 * Roles::kStages;
-  // Split K/V barriers of the overlapped consumer: full_v[kStages], empty_v[kStages] (full and
-  // empty above then guard the K halves of the stages only).
+  // The V halves' barriers: full_v[kStages], empty_v[kStages] (full and empty above guard the K
+  // halves of the stages only).
   static constexpr int kVBarOffset = kItemMetaOffset + 16;
   static constexpr int kSmemBytes = kVBarOffset + 16 * Roles::kStages + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");

@@ -90,7 +90,8 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
 // wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
 // byte offsets (all >> 4), layout type 1 (SWIZZLE_128B) in bits [62, 64). Base offset 0: every
 // tile starts 1024-byte aligned.
-__device__ __forceinline__ uint64_t MakeDesc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+__device__ __forceinline__ constexpr uint64_t MakeDesc(uint32_t smem_addr, uint32_t lbo,
+                                                      uint32_t sbo) {
   uint64_t d = 0;
   d |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
   d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
