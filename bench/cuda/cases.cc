@@ -74,6 +74,18 @@ std::vector<Case> AllCases() {
       cases.push_back(c);
     }
   }
+  // Block sparse at layout block 64 (N = 65536, 1024 blocks): the kernels' other block size.
+  {
+    const int64_t n = 65536, nb = n / 64;
+    for (double s : {0.90, 0.99}) {
+      Case c;
+      c.group = "sparse_b64";
+      c.shape = Shape(1, n, 16, 16, 128);
+      c.name = absl::StrCat("sparse_b64_random_", s < 0.95 ? "s90" : "s99");
+      c.spec.pattern = BlockSparseSpec{64, RandomGen{KeepFor(s, nb), 2025}};
+      cases.push_back(c);
+    }
+  }
   // Dilated (LongNet): segments [2048, 4096, 8192, 16384], rates [1, 2, 4, 8], Hq = 8.
   for (int64_t n : {65536, 1048576}) {
     Case c;

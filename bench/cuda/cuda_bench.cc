@@ -115,6 +115,7 @@ Json CudaOptionsJson(const CudaOptions& o) {
       .Set("persistent_max_ctas", o.flash.persistent_max_ctas)
       .Set("item_order", Sm90ItemOrderName(o.flash.item_order))
       .Set("sm90_query_tile", Sm90QueryTileName(o.flash.sm90_query_tile))
+      .Set("sm90_key_tile", Sm90KeyTileName(o.flash.sm90_key_tile))
       .Set("sm90_tma", o.flash.sm90_tma);
 }
 

@@ -34,6 +34,9 @@ ABSL_FLAG(bool, sm90_tma, true,
 ABSL_FLAG(std::string, sm90_query_tile, "auto",
           "persistent Hopper schedule at D = 64, dense / causal: query rows per work item, "
           "auto (the default: 192) | 128 | 192");
+ABSL_FLAG(std::string, sm90_key_tile, "auto",
+          "persistent Hopper schedule at D = 128, dense / causal: keys per K/V tile, "
+          "auto (as measured per case) | 128 | 176");
 
 namespace attnserve::bench {
 namespace {
@@ -63,6 +66,13 @@ int Main() {
     return 2;
   }
   opt.cuda.flash.sm90_query_tile = *query_tile;
+  absl::StatusOr<Sm90KeyTile> key_tile =
+      ParseSm90KeyTile(absl::GetFlag(FLAGS_sm90_key_tile), "--sm90_key_tile");
+  if (!key_tile.ok()) {
+    std::fprintf(stderr, "attnbench_cuda: %s\n", key_tile.status().ToString().c_str());
+    return 2;
+  }
+  opt.cuda.flash.sm90_key_tile = *key_tile;
   opt.cuda.flash.sm90_tma = absl::GetFlag(FLAGS_sm90_tma);
   absl::StatusOr<CudaBenchReport> report = RunCudaBench(opt);
   if (!report.ok()) {

@@ -126,6 +126,25 @@ absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name, std::str
   return Invalid(what, "auto, 128 or 192", name);
 }
 
+std::string_view Sm90KeyTileName(Sm90KeyTile tile) {
+  switch (tile) {
+    case Sm90KeyTile::kAuto:
+      return "auto";
+    case Sm90KeyTile::k128:
+      return "128";
+    case Sm90KeyTile::k176:
+      return "176";
+  }
+  return "auto";
+}
+
+absl::StatusOr<Sm90KeyTile> ParseSm90KeyTile(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return Sm90KeyTile::kAuto;
+  if (name == "128") return Sm90KeyTile::k128;
+  if (name == "176") return Sm90KeyTile::k176;
+  return Invalid(what, "auto, 128 or 176", name);
+}
+
 absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base) {
   CudaOptions options = base;
   if (std::string_view v = EnvValue(kEngineEnv); !v.empty()) {

@@ -58,6 +58,15 @@ enum class Sm90ItemOrder { kAuto, kPosition, kHead };
 //   kAuto: k192 (the tile FlashAttention-3 and -4 take at D = 64; measured in core/cuda/NOTES.md).
 enum class Sm90QueryTile { kAuto, k128, k192 };
 
+// Key rows of the persistent schedule's K/V tiles at D = 128 on the implicit dense and causal
+// layouts (every CSR layout has tiles of one layout block, 128 keys):
+//   k128: the layout block (three K/V stages);
+//   k176: 176 keys (two stages; producer 40 / consumers 232 registers), the tile
+//         FlashAttention-3 takes for dense D = 128: the per-tile work around the GEMMs is spread
+//         over 1.375x the GEMM time; needs TMA loads, else k128 runs.
+//   kAuto: as measured per case (flash_fwd_sm90.cc: Sm90WideKeyTiles).
+enum class Sm90KeyTile { kAuto, k128, k176 };
+
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
 // dense or window specs, not square):
 //   kSplitKv:  the flash_decode kernels (split over the keys, query heads of a KV head packed);
@@ -78,6 +87,8 @@ struct FlashKernelOptions {
   int persistent_head_group = 0;
   // The persistent schedule's work-item height at D = 64 (Sm90QueryTile above).
   Sm90QueryTile sm90_query_tile = Sm90QueryTile::kAuto;
+  // The persistent schedule's K/V tile at D = 128 (Sm90KeyTile above).
+  Sm90KeyTile sm90_key_tile = Sm90KeyTile::kAuto;
   // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
   // complete on the stage barrier) where the tensors allow it (16-byte aligned pointers and
   // strides), else by cp.async from two producer warps; false: always cp.async.
@@ -106,6 +117,7 @@ std::string_view FlashKernelArchName(FlashKernelArch arch);    // "auto", "sm80"
 std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "single_tile", ...
 std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
 std::string_view Sm90QueryTileName(Sm90QueryTile tile);        // "auto", "128", "192"
+std::string_view Sm90KeyTileName(Sm90KeyTile tile);            // "auto", "128", "176"
 
 // Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
 absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
@@ -120,6 +132,8 @@ absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,
                                                  std::string_view what = "sm90 item order");
 absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name,
                                                  std::string_view what = "sm90 query tile");
+absl::StatusOr<Sm90KeyTile> ParseSm90KeyTile(std::string_view name,
+                                             std::string_view what = "sm90 key tile");
 
 // `base` with the environment's overrides applied, each read once here (unset or empty: keep):
 // ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v3 or a

@@ -101,6 +101,8 @@ std::vector<Case> SpecCases() {
       add("dense", DenseSpec{}, causal, {1, 130, 2, 2, 64}, dt);
       // D = 64 dense: items of 192 query rows (1000 = 5 x 192 + 40) over 128-key tiles.
       add("dense", DenseSpec{}, causal, {2, 1000, 4, 2, 64}, dt);
+      // D = 128 shorter than one 176-key tile (one ragged tile, one query item).
+      add("dense", DenseSpec{}, causal, {1, 130, 2, 1, 128}, dt);
       if (all) add("dense_gqa4", DenseSpec{}, causal, {2, 520, 8, 2, 128}, dt);
       add("window100", WindowSpec{100}, causal, s1, dt);
       for (int32_t bs : {64, 128}) {
@@ -147,13 +149,17 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   // The persistent schedule runs with TMA loads (its default) and with cp.async loads, in both
   // item orders. Also groups of 3 (head, batch, segment) pairs: uneven groups where hz is not a
   // multiple. The D = 64 dense and causal cases take items of 192 query rows by default (with
-  // TMA; cp.async runs 128); one more run asks for 128, one for 192 with groups of 3.
+  // TMA; cp.async runs 128); one more run asks for 128, one for 192 with groups of 3. The D = 128
+  // dense and causal cases run once more with K/V tiles of 176 keys in each item order (1000 keys
+  // = 5 x 176 + 120, 520 = 2 x 176 + 168, 130 < 176: ragged last tiles; causal items of 128 rows
+  // over tiles of 176 keys), the other cases run their default there.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
     bool tma;
     int head_group;
     Sm90QueryTile query_tile = Sm90QueryTile::kAuto;
+    Sm90KeyTile key_tile = Sm90KeyTile::kAuto;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
@@ -165,19 +171,27 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
       runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 3});
       runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 0, Sm90QueryTile::k128});
       runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 3, Sm90QueryTile::k192});
+      runs.push_back({schedule, Sm90ItemOrder::kHead, true, 0, Sm90QueryTile::kAuto,
+                      Sm90KeyTile::k176});
+      runs.push_back({schedule, Sm90ItemOrder::kPosition, true, 3, Sm90QueryTile::kAuto,
+                      Sm90KeyTile::k176});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 0, Sm90QueryTile::kAuto,
+                      Sm90KeyTile::k128});
     } else {
       runs.push_back({schedule, Sm90ItemOrder::kAuto, false, 0});
     }
   }
-  for (const auto& [schedule, order, tma, head_group, query_tile] : runs) {
+  for (const auto& [schedule, order, tma, head_group, query_tile, key_tile] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
                               tma ? ", tma" : ", cp.async", ", head group ", head_group,
-                              ", query tile ", std::string(Sm90QueryTileName(query_tile))));
+                              ", query tile ", std::string(Sm90QueryTileName(query_tile)),
+                              ", key tile ", std::string(Sm90KeyTileName(key_tile))));
     FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
     options.sm90_tma = tma;
     options.persistent_head_group = head_group;
     options.sm90_query_tile = query_tile;
+    options.sm90_key_tile = key_tile;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     const FlashKernel ran = run->kernel;
@@ -332,6 +346,10 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
     EXPECT_EQ(*ParseSm90QueryTile(Sm90QueryTileName(t)), t);
   }
   EXPECT_EQ(ParseSm90QueryTile("256").status().code(), absl::StatusCode::kInvalidArgument);
+  for (const Sm90KeyTile t : {Sm90KeyTile::kAuto, Sm90KeyTile::k128, Sm90KeyTile::k176}) {
+    EXPECT_EQ(*ParseSm90KeyTile(Sm90KeyTileName(t)), t);
+  }
+  EXPECT_EQ(ParseSm90KeyTile("192").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,

@@ -61,6 +61,21 @@ int L2BytesOfCurrentDevice() {
   return bytes;
 }
 
+// Whether the D = 128 persistent kernel takes K/V tiles of 176 keys (Sm90KeyTile): the implicit
+// dense and causal layouts only (a CSR tile is one layout block). kAuto: not yet (measured per
+// case before it changes).
+bool Sm90WideKeyTiles(const FlashFwdParams& p, Sm90KeyTile tile) {
+  if (p.col_idx != nullptr) return false;
+  switch (tile) {
+    case Sm90KeyTile::k176:
+      return true;
+    case Sm90KeyTile::k128:
+    case Sm90KeyTile::kAuto:
+      return false;
+  }
+  return false;
+}
+
 template <int kHeadDim, typename Elem>
 cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKernelOptions& options,
                    cudaStream_t stream) {
@@ -81,6 +96,13 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       if constexpr (kHeadDim == 64) {
         if (options.sm90_query_tile != Sm90QueryTile::k128 && p.col_idx == nullptr) {
           const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 3>(
+              p, ctas, group, options.sm90_tma, stream);
+          if (err != cudaErrorNotSupported) return err;
+        }
+      } else {
+        // D = 128, implicit layouts: 176-key tiles where chosen; the launcher refuses without TMA.
+        if (Sm90WideKeyTiles(p, options.sm90_key_tile)) {
+          const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 2, 176>(
               p, ctas, group, options.sm90_tma, stream);
           if (err != cudaErrorNotSupported) return err;
         }

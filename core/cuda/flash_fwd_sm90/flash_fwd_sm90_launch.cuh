@@ -20,9 +20,10 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
 // of work items, position-major inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
 // tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
 // kConsumerWarpgroups 3: work items of 192 query rows (D = 64, implicit dense / causal layouts,
-// TMA loads only); cudaErrorNotSupported where that does not apply (a CSR layout, no TMA), and
-// the caller runs the two-consumer kernel instead.
-template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2>
+// TMA loads only); kBlockN 176: K/V tiles of 176 keys (D = 128, implicit layouts, TMA only).
+// cudaErrorNotSupported where these do not apply (a CSR layout, no TMA), and the caller runs the
+// default kernel (two consumers, 128-key tiles) instead.
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream);
 
@@ -65,20 +66,21 @@ cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t strea
   return cudaGetLastError();
 }
 
-template <int kHeadDim, typename Elem, int kConsumerWarpgroups>
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream) {
-  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups>;
-  constexpr bool kTallItems = Traits::kItemRows != 0;
-  if (kTallItems && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
+  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN>;
+  // Items or tiles other than one layout block: implicit layouts and TMA loads only.
+  constexpr bool kImplicitOnly = Traits::kItemRows != 0 || Traits::kTileKeys != 0;
+  if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
   Sm90TmaMaps maps{};
   if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps, Traits::kBlockM) != cudaSuccess) {
-    if (kTallItems) return cudaErrorNotSupported;
+    if (kImplicitOnly) return cudaErrorNotSupported;
     tma = false;
   }
-  // Tall items are instantiated with TMA loads only.
+  // Tall items and wide tiles are instantiated with TMA loads only.
   decltype(&flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>) kernel = nullptr;
-  if constexpr (kTallItems) {
+  if constexpr (kImplicitOnly) {
     kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>;
   } else {
     kernel = tma ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>
@@ -88,8 +90,9 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const long long item_rows =
-      kTallItems ? (params.seqlen + Traits::kBlockM - 1) / Traits::kBlockM : params.num_q_blocks;
+  const long long item_rows = Traits::kItemRows != 0
+                                  ? (params.seqlen + Traits::kBlockM - 1) / Traits::kBlockM
+                                  : params.num_q_blocks;
   const long long items = item_rows * params.num_heads * params.batch * params.num_segs;
   if (items <= 0) return cudaSuccess;
   if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel

@@ -34,13 +34,24 @@ namespace flash_sm90 {
 // of MakeDesc's mask, shift and or (the profile of the dense kernel had ~50 uniform LOP3s per
 // warp and tile, most of them descriptor arithmetic). ScoresStepsDesc takes the two descriptors
 // (MakeDesc(q_wg, 16, 1024), MakeDesc(k_tile, 16, 1024)), ScoresSteps the addresses.
+// Q's panels lie kQPanelBytes apart where the traits say so (Q tiles of another height than the
+// K / V tiles: the persistent kernel's 192-row items, 176-key tiles), else kPanelBytes.
+template <typename Traits>
+constexpr uint32_t QPanelBytes() {
+  if constexpr (requires { Traits::kQPanelBytes; }) {
+    return Traits::kQPanelBytes;
+  } else {
+    return Traits::kPanelBytes;
+  }
+}
 template <typename Traits>
 __device__ __forceinline__ void ScoresStepsDesc(float (&s)[Traits::kBlock / 2], uint64_t da,
                                                 uint64_t db) {
 #pragma unroll
   for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
-    const uint32_t koff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
-    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, DescAdd(da, koff >> 4), DescAdd(db, koff >> 4),
+    const uint32_t aoff = (kk / 4) * QPanelBytes<Traits>() + (kk % 4) * 32;
+    const uint32_t boff = (kk / 4) * Traits::kPanelBytes + (kk % 4) * 32;
+    Wgmma<Traits::kBlock, Traits::kBF16>::Ss(s, DescAdd(da, aoff >> 4), DescAdd(db, boff >> 4),
                                              kk > 0 ? 1 : 0);
   }
 }

@@ -1,5 +1,5 @@
 // Instantiations of the sm90 persistent (warp-specialized) kernel: fp16, head dims 64/128,
-// block 128; 192-row items at D = 64.
+// block 128; 192-row items at D = 64, 176-key tiles at D = 128.
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
 
 namespace attnserve {
@@ -9,5 +9,8 @@ template cudaError_t RunFlashFwdSm90PersistentImpl<128, __half>(
     const FlashFwdParams&, int, int, bool, cudaStream_t);
 // D = 64 items of 192 query rows (three consumer warpgroups).
 template cudaError_t RunFlashFwdSm90PersistentImpl<64, __half, 3>(
+    const FlashFwdParams&, int, int, bool, cudaStream_t);
+// D = 128 K/V tiles of 176 keys.
+template cudaError_t RunFlashFwdSm90PersistentImpl<128, __half, 2, 176>(
     const FlashFwdParams&, int, int, bool, cudaStream_t);
 }  // namespace attnserve

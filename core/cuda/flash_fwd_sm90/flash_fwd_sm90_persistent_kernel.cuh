@@ -60,9 +60,10 @@
 namespace attnserve {
 namespace flash_sm90 {
 
-template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
-struct Sm90PersistentTraits : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_> {
-  using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_>;
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128>
+struct Sm90PersistentTraits
+    : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_, kBlockN_> {
+  using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_, kBlockN_>;
   // Tiles, then the barriers: full[kStages], empty[kStages], q_full, q_empty (8 B each), then
   // per stage (key block, mask kind) as two int32, then the item's (row, count, y, z).
   static constexpr int kBarOffset = Roles::kQTileBytes + Roles::kTileBytes * 2 * Roles::kStages;
@@ -91,7 +92,8 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
   const int hz = p.num_heads * (p.batch * p.num_segs);
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
-    const WorkItem w = DecodeWorkItem<Traits::kItemRows>(p, item, hz, head_group);
+    const WorkItem w =
+        DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys>(p, item, hz, head_group);
     const Elem* k_base;
     const Elem* v_base;
     KvBase<Elem>(p, w.y, w.z, k_base, v_base);
@@ -134,7 +136,8 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   }
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
-    const WorkItem w = DecodeWorkItem<Traits::kItemRows>(p, item, hz, head_group);
+    const WorkItem w =
+        DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys>(p, item, hz, head_group);
     const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
     const int batch = w.z / p.num_segs;
     const int seg = w.z % p.num_segs;
@@ -144,7 +147,8 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
         const int stage = static_cast<int>(gi % Traits::kStages);
         const uint32_t use = gi / Traits::kStages;
         int mask;
-        const int blk = TileKeyBlock<Traits::kItemRows>(p, w.row, w.begin, e, mask);
+        const int blk =
+            TileKeyBlock<Traits::kItemRows, Traits::kTileKeys>(p, w.row, w.begin, e, mask);
         if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
         sm.meta[2 * stage] = blk;
         sm.meta[2 * stage + 1] = mask;
@@ -191,7 +195,8 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   const uint32_t bar_q_empty = sm.bar_q + 8;
   uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
-    const WorkItem w = DecodeWorkItem<Traits::kItemRows>(p, item, hz, head_group);
+    const WorkItem w =
+        DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys>(p, item, hz, head_group);
     const Elem* q_base = QBase<Elem>(p, w.y, w.z);
     // Q of the previous item: every consumer warp issued and completed its last S GEMM.
     if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
@@ -205,7 +210,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
         const int head = p.head_start + w.y * p.head_step;
 #pragma unroll
         for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
-          TmaLoad5d(sm.q + panel * Traits::kPanelBytes, tma_q, sm.bar_q, panel * 64,
+          TmaLoad5d(sm.q + panel * Traits::kQPanelBytes, tma_q, sm.bar_q, panel * 64,
                     w.row * kBlockM, head, w.z % p.num_segs, w.z / p.num_segs);
         }
       }

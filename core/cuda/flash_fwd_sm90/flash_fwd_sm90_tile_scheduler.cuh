@@ -72,24 +72,33 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
   }
 }
 
+// Key rows of a K / V tile (kTileKeys). 0: the layout block, which every CSR layout needs (a
+// tile is one CSR entry). The implicit layouts may take wider tiles: 176 keys at D = 128
+// (Sm90KeyTile); tile e then holds keys [176 e, 176 e + 176), the last one ragged.
 // The kept-tile range [begin, begin + count) of item row `row`: its CSR entries, or for the
-// implicit layout the key blocks [0, num_k_blocks) (causal: up to the block of the item's last
-// query row; with items of one layout block that is [0, row]).
-template <int kItemRows = 0>
+// implicit layout every key tile (causal: up to the tile of the item's last query row; with items
+// and tiles of one layout block that is [0, row]).
+template <int kItemRows = 0, int kTileKeys = 0>
 __device__ __forceinline__ void ItemRange(const FlashFwdParams& p, int row, int64_t& begin,
                                           int& count) {
   if (p.col_idx != nullptr) {
     begin = p.row_ptr[row];
     count = static_cast<int>(p.row_ptr[row + 1] - begin);
-  } else {
-    begin = 0;
-    int64_t last_block = row;  // of the keys the item's last query row sees
-    if constexpr (kItemRows != 0) {
-      last_block = (static_cast<int64_t>(row) * kItemRows + kItemRows - 1) / p.block_size;
-    }
-    count = static_cast<int>(p.dense_causal ? min(last_block + 1, p.num_k_blocks)
-                                            : p.num_k_blocks);
+    return;
   }
+  begin = 0;
+  int64_t tiles = p.num_k_blocks;
+  int64_t last_tile = row;  // holding the key of the item's last query row
+  if constexpr (kItemRows != 0 || kTileKeys != 0) {
+    const int64_t item_rows = kItemRows != 0 ? kItemRows : p.block_size;
+    const int64_t tile_keys = kTileKeys != 0 ? kTileKeys : p.block_size;
+    if constexpr (kTileKeys != 0) {
+      const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+      tiles = (nk + tile_keys - 1) / tile_keys;
+    }
+    last_tile = (static_cast<int64_t>(row) * item_rows + item_rows - 1) / tile_keys;
+  }
+  count = static_cast<int>(p.dense_causal ? min(last_tile + 1, tiles) : tiles);
 }
 
 // A persistent work item as every role of the kernel needs it: its item row, its (y, z)
@@ -99,19 +108,20 @@ struct WorkItem {
   int64_t begin = 0;
   int count = 0;
 };
-template <int kItemRows = 0>
+template <int kItemRows = 0, int kTileKeys = 0>
 __device__ __forceinline__ WorkItem DecodeWorkItem(const FlashFwdParams& p, int item, int hz,
                                                    int group) {
   WorkItem w;
   DecodeItem<kItemRows>(p, item, hz, group, w.row, w.y, w.z);
-  ItemRange<kItemRows>(p, w.row, w.begin, w.count);
+  ItemRange<kItemRows, kTileKeys>(p, w.row, w.begin, w.count);
   return w;
 }
 
-// Key block and mask kind (0 full, 1 causal diagonal, 2 partial) of tile e of item row `row`.
-// The implicit causal layout masks the blocks that reach past the item's first query row (with
-// items of one layout block: the diagonal block only).
-template <int kItemRows = 0>
+// Key tile (in units of the tile's key rows: its first key is tile * key rows) and mask kind (0
+// full, 1 causal diagonal, 2 partial) of tile e of item row `row`. The implicit causal layout
+// masks the tiles that reach past the item's first query row (with items and tiles of one layout
+// block: the diagonal block only).
+template <int kItemRows = 0, int kTileKeys = 0>
 __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, int64_t begin, int e,
                                             int& mask) {
   if (p.col_idx != nullptr) {
@@ -119,11 +129,13 @@ __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, in
     mask = p.block_mask[begin + e];
     return blk;
   }
-  if constexpr (kItemRows == 0) {
+  if constexpr (kItemRows == 0 && kTileKeys == 0) {
     mask = (p.dense_causal && e == row) ? 1 : 0;
   } else {
-    mask = (p.dense_causal && static_cast<int64_t>(e + 1) * p.block_size >
-                                  static_cast<int64_t>(row) * kItemRows + 1)
+    const int64_t item_rows = kItemRows != 0 ? kItemRows : p.block_size;
+    const int64_t tile_keys = kTileKeys != 0 ? kTileKeys : p.block_size;
+    mask = (p.dense_causal && static_cast<int64_t>(e + 1) * tile_keys >
+                                  static_cast<int64_t>(row) * item_rows + 1)
                ? 1
                : 0;
   }

@@ -4,8 +4,8 @@
 // descriptors and epilogue are the single-tile kernel's (flash_fwd_sm90_kernel.cuh; the shared
 // functions of flash_fwd_sm90_mainloop, _mask, _softmax and _epilogue.cuh); what differs is who
 // loads and how the stages are handed over:
-// - CTA = 1 + kConsumerWarpgroups warpgroups, K/V tiles of layout block 128 only (block 64 runs
-//   the single-tile kernel): warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0
+// - CTA = 1 + kConsumerWarpgroups warpgroups, layout block 128 only (block 64 runs the
+//   single-tile kernel); K/V tiles of 128 keys, or 176 on the implicit layouts at D = 128: warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0
 //   and 1 load K/V, warp 2 loads Q, warp 3 exits), the others consumers (setmaxnreg.inc to
 //   kConsumerRegs), 64 query rows each: [0, 64) and [64, 128) of a 128-row item, as the
 //   single-tile kernel's warpgroups 0 and 1, or three of a 192-row item at D = 64.
@@ -56,38 +56,53 @@ namespace flash_sm90 {
 // of 192 rows, D = 64 and the implicit dense / causal layouts only: Sm90QueryTile in
 // cuda_options.h). With three, the launch holds 512 threads at 128 registers; the producer drops
 // to 32 and the consumers rise to 160 (the (64, 128) S, (64, 64) O and the pending P fit).
-template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
+// kBlockN_: key rows of a K / V tile. 128 = the layout block (every layout: one tile = one CSR
+// entry). 176 (D = 128, two consumer warpgroups, the implicit dense and causal layouts only:
+// Sm90KeyTile in cuda_options.h): a tile holds 1.375 layout blocks' keys, so the per-tile work
+// around the GEMMs (barriers, row max exchange, O rescale) is spread over more GEMM time. Its
+// (64, 176) S, the pending P (44 registers) and O (64) need more registers than 216: the
+// producer drops to 40 (TMA only, no cp.async warps), the consumers rise to 232; and two K/V
+// stages fit (Q 32 KB + 2 x 88 KB).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128>
 struct Sm90WarpSpecializedTraits {
-  using Base = Sm90Traits<kHeadDim_, 128, Elem_>;
   using Elem = Elem_;
-  static constexpr bool kBF16 = Base::kBF16;
+  static constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlock = 128;  // key rows of a K / V tile = the layout block
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static constexpr int kLayoutBlock = 128;  // the layouts this kernel runs
+  static constexpr int kBlock = kBlockN_;   // key rows of a K / V tile
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumers");
+  static_assert(kBlock == kLayoutBlock || (kBlock == 176 && kHeadDim == 128 &&
+                                           kConsumerWarpgroups == 2),
+                "176-key tiles at D = 128 with two consumer warpgroups only");
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows of a work item
-  // Query rows of a work item for the tile scheduler (0: the layout block).
-  static constexpr int kItemRows = kBlockM == kBlock ? 0 : kBlockM;
-  // The S GEMM steps through Q and K panels with one stride (kPanelBytes): Q tiles of another
-  // height than K's need a single panel.
-  static_assert(kBlockM == kBlock || kHeadDim == 64, "192-row Q tiles at D = 64 only");
+  // Query rows of a work item and key rows of a tile for the tile scheduler (0: the layout
+  // block).
+  static constexpr int kItemRows = kBlockM == kLayoutBlock ? 0 : kBlockM;
+  static constexpr int kTileKeys = kBlock == kLayoutBlock ? 0 : kBlock;
   static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
   // Warps of the producer warpgroup that load K/V by cp.async (the next one loads Q, the last
   // exits at once): tile G is loaded and published by warp G % kProducerWarps.
   static constexpr int kProducerWarps = 2;
   static constexpr int kLaunchRegs = (65536 / kNThreads) / 8 * 8;  // __launch_bounds__(kNThreads, 1)
-  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 64 : 32;
-  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 216 : 160;
+  static constexpr int kProducerRegs =
+      kConsumerWarpgroups == 3 ? 32 : (kBlock == kLayoutBlock ? 64 : 40);
+  static constexpr int kConsumerRegs =
+      kConsumerWarpgroups == 3 ? 160 : (kBlock == kLayoutBlock ? 216 : 232);
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536,
                 "register file");
   static_assert((kLaunchRegs - kProducerRegs) * 128 >=
                     (kConsumerRegs - kLaunchRegs) * 128 * kConsumerWarpgroups,
                 "the consumers' setmaxnreg.inc needs what the producer's dec freed");
-  static constexpr int kChunks = Base::kChunks;
-  static constexpr int kTileBytes = Base::kTileBytes;  // one K or V tile
+  static constexpr int kChunks = kHeadDim / 8;              // 16-byte chunks per tile row
+  static constexpr int kTileBytes = kBlock * kHeadDim * 2;  // one K or V tile
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kPanelBytes = Base::kPanelBytes;
-  static constexpr int kStages = Base::kStages;
+  static constexpr int kPanelBytes = kBlock * 128;    // a 64-column panel of a K / V tile
+  static constexpr int kQPanelBytes = kBlockM * 128;  // and of the Q tile
+  // Three stages (two tiles in flight behind the math; a CSR gather has no locality to hide
+  // latency otherwise): Q 32 KB + 3 x (K + V) 64 KB at D = 128. Two with 176-key tiles.
+  static constexpr int kStages = kBlock == kLayoutBlock ? 3 : 2;
 };
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
@@ -160,7 +175,7 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
                                               int lane) {
   constexpr int kBlock = Traits::kBlock;
   int mask;
-  const int blk = TileKeyBlock<Traits::kItemRows>(p, row, begin, e, mask);
+  const int blk = TileKeyBlock<Traits::kItemRows, Traits::kTileKeys>(p, row, begin, e, mask);
   const uint32_t released = (use + 1) & 1u;  // parity of the slot's previous use
   if (use > 0) MbarWait(sm.bar_empty + 8 * stage, released);
   if (lane == 0) {

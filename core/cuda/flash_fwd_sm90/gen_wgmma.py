@@ -37,7 +37,9 @@ def emit():
     out.append("struct Wgmma;")
     out.append("")
     out.append("#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)")
-    for n in (64, 128):
+    # N = 64 / 128: S tiles and the P V GEMM (N = head dim); 176: the S tile of the wide key tiles
+    # (D = 128, implicit dense layouts), which only the SS form needs.
+    for n in (64, 128, 176):
         for bf16 in (True, False):
             t = "bf16" if bf16 else "f16"
             nd = n // 2
@@ -54,6 +56,10 @@ def emit():
             out.append(f"        : {acc_constraints(n)}")
             out.append(f'        : "l"(desc_a), "l"(desc_b), "r"(scale_d));')
             out.append(f"  }}")
+            if n == 176:
+                out.append(f"}};")
+                out.append("")
+                continue
             # RS
             out.append(f"  __device__ __forceinline__ static void Rs(float (&d)[{nd}], const uint32_t (&a)[4],")
             out.append(f"                                            uint64_t desc_b, int scale_d) {{")
