@@ -8,9 +8,8 @@
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
 //   offsets (ring pieces), all three mask kinds, accumulate mode merging two key pieces;
 // - sm90 vs sm80 on N = 16384 (dense causal, block-sparse 90% skipped), in this file.
-// Every sm90 run is done once per schedule (single tile, persistent; the persistent one exists
-// for layout block 128 only: block 64 runs the single-tile kernel under either), against the same
-// reference, and checks which kernel ran ("sm90" / "sm90v3"); the persistent schedule runs once
+// Every sm90 run is done once per schedule (single tile, persistent; both at layout blocks 64 and
+// 128), against the same reference, and checks which kernel ran ("sm90" / "sm90v3"); the persistent schedule runs once
 // per work-item order (head- and position-major). The spec and piece cases cap the persistent
 // grid at kPersistentTestCtas CTAs, so that each CTA runs many work items of different lengths
 // (empty CSR rows included) back to back; the large cases run the full grid.
@@ -194,18 +193,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
     options.sm90_key_tile = key_tile;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
-    const FlashKernel ran = run->kernel;
-    if (schedule == Sm90Schedule::kSingleTile) {
-      EXPECT_EQ(ran, FlashKernel::kSm90SingleTile);
-    } else if (c.name.rfind("bs128_", 0) == 0) {
-      // Layout block 128: the persistent kernel.
-      EXPECT_EQ(ran, ExpectedSm90Kernel(schedule, 128)) << FlashKernelName(ran);
-    } else {
-      // The plan picks the block of dense / window / dilated specs: the schedule's kernel at 128,
-      // the single-tile one at 64.
-      EXPECT_TRUE(ran == ExpectedSm90Kernel(schedule, 128) || ran == FlashKernel::kSm90SingleTile)
-          << FlashKernelName(ran);
-    }
+    EXPECT_EQ(run->kernel, ExpectedSm90Kernel(schedule)) << FlashKernelName(run->kernel);
     const ErrorStats e = CompareToReference(*ref, run->o, &run->lse);
     EXPECT_EQ(e.nonfinite, 0) << "unwritten or non-finite outputs";
     EXPECT_LE(e.o_rel, OTol(c.dtype)) << "o max abs err " << e.o_max_abs << " / max|ref| "
@@ -413,16 +401,8 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
       o[i] = std::move(run->o);
       lse[i] = std::move(run->lse);
       const FlashKernel ran = run->kernel;
-      if (i < 2) {
-        EXPECT_EQ(ran, i == 0 ? FlashKernel::kSm80 : FlashKernel::kSm90SingleTile)
-            << FlashKernelName(ran);
-      } else {
-        const FlashKernel wide = ExpectedSm90Kernel(schedules[i], 128);
-        EXPECT_TRUE(ran == wide || ran == FlashKernel::kSm90SingleTile) << FlashKernelName(ran);
-        if (c.name.rfind("bs128_", 0) == 0) {
-          EXPECT_EQ(ran, wide) << FlashKernelName(ran);
-        }
-      }
+      EXPECT_EQ(ran, i == 0 ? FlashKernel::kSm80 : ExpectedSm90Kernel(schedules[i]))
+          << FlashKernelName(ran);
     }
     for (int run = 1; run < kRuns; ++run) {
       if (!TestsSchedule(schedules[run])) continue;

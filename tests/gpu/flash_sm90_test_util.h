@@ -54,10 +54,8 @@ inline bool TestsSchedule(Sm90Schedule schedule) {
   return false;
 }
 
-// The kernel a forced-sm90 launch of `schedule` runs at layout block `block` (the persistent
-// schedule exists for block 128 only).
-inline FlashKernel ExpectedSm90Kernel(Sm90Schedule schedule, int block) {
-  if (block != 128) return FlashKernel::kSm90SingleTile;
+// The kernel a forced-sm90 launch of `schedule` runs (at either layout block).
+inline FlashKernel ExpectedSm90Kernel(Sm90Schedule schedule) {
   switch (schedule) {
     case Sm90Schedule::kPersistent:
       return FlashKernel::kSm90Persistent;

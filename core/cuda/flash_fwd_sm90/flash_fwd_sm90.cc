@@ -91,6 +91,12 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
         group = std::min(options.persistent_head_group,
                          std::max(1, p.num_heads * p.batch * p.num_segs));
       }
+      // Layout block 64: 64-row items, 64-key tiles, one consumer warpgroup, two CTAs per SM
+      // (the launcher's grid is two per SM of `ctas`).
+      if (p.block_size == 64) {
+        return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 1, 64>(p, ctas, group,
+                                                                   options.sm90_tma, stream);
+      }
       // D = 64, implicit layouts: items of 192 query rows (three consumer warpgroups) unless
       // asked for 128; the launcher refuses where they do not apply (no TMA).
       if constexpr (kHeadDim == 64) {
@@ -290,8 +296,6 @@ absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& p,
     }
     return FlashKernel::kSm80;
   }
-  // The persistent schedule exists for layout block 128 only.
-  if (p.block_size != 128) return FlashKernel::kSm90SingleTile;
   switch (options.sm90_schedule) {
     case Sm90Schedule::kSingleTile:
       return FlashKernel::kSm90SingleTile;

@@ -70,6 +70,7 @@ template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream) {
   using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN>;
+  if (params.block_size != Traits::kLayoutBlock) return cudaErrorInvalidValue;  // a caller bug
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
   constexpr bool kImplicitOnly = Traits::kItemRows != 0 || Traits::kTileKeys != 0;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
@@ -96,8 +97,8 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   const long long items = item_rows * params.num_heads * params.batch * params.num_segs;
   if (items <= 0) return cudaSuccess;
   if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel
-  const unsigned grid =
-      static_cast<unsigned>(items < num_sms ? items : static_cast<long long>(num_sms));
+  const long long slots = static_cast<long long>(num_sms) * Traits::kCtasPerSm;
+  const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
   CUtensorMap tma_q, tma_k, tma_v;
   static_assert(sizeof(CUtensorMap) == sizeof(maps.k), "an opaque 128-byte map");
   std::memcpy(&tma_q, maps.q, sizeof(tma_q));

@@ -290,7 +290,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
       k0 = static_cast<int64_t>(sm.meta[2 * stage]) * kBlock;
       work = cr.active && k0 < nk && !(mask == 1 && k0 > cr.wg_row0 + 63 + rows.delta);
     };
-    constexpr bool kMetaUnderGemms = Traits::kConsumerWarpgroups == 2;
+    constexpr bool kMetaUnderGemms = Traits::kConsumerWarpgroups <= 2;
     if constexpr (!kMetaUnderGemms) read_meta();
     if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
 
@@ -399,7 +399,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
 // kBlockM for Q); otherwise by cp.async (K/V from kProducerWarps warps, Q from the next one; the
 // maps are then not read).
 template <typename Traits, bool kTma>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
     FlashFwdSm90PersistentKernel(const FlashFwdParams p, const int num_items, const int head_group,
                          const __grid_constant__ CUtensorMap tma_q,
                          const __grid_constant__ CUtensorMap tma_k,

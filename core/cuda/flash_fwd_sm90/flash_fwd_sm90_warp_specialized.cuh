@@ -4,8 +4,8 @@
 // descriptors and epilogue are the single-tile kernel's (flash_fwd_sm90_kernel.cuh; the shared
 // functions of flash_fwd_sm90_mainloop, _mask, _softmax and _epilogue.cuh); what differs is who
 // loads and how the stages are handed over:
-// - CTA = 1 + kConsumerWarpgroups warpgroups, layout block 128 only (block 64 runs the
-//   single-tile kernel); K/V tiles of 128 keys, or 176 on the implicit layouts at D = 128: warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0
+// - CTA = 1 + kConsumerWarpgroups warpgroups; at layout block 128 K/V tiles of 128 keys (176 on
+//   the implicit layouts at D = 128), at block 64 one consumer warpgroup over 64-key tiles: warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0
 //   and 1 load K/V, warp 2 loads Q, warp 3 exits), the others consumers (setmaxnreg.inc to
 //   kConsumerRegs), 64 query rows each: [0, 64) and [64, 128) of a 128-row item, as the
 //   single-tile kernel's warpgroups 0 and 1, or three of a 192-row item at D = 64.
@@ -63,18 +63,22 @@ namespace flash_sm90 {
 // (64, 176) S, the pending P (44 registers) and O (64) need more registers than 216: the
 // producer drops to 40 (TMA only, no cp.async warps), the consumers rise to 232; and two K/V
 // stages fit (Q 32 KB + 2 x 88 KB).
+// kConsumerWarpgroups_ 1 with kBlockN_ 64: layout block 64 (64-row items, 64-key tiles, one
+// consumer warpgroup); two CTAs share an SM (256 threads at 128 registers each, producer 64 /
+// consumer 192, two stages: Q 16 KB + 2 x 32 KB at D = 128), so that one CTA's softmax runs
+// under the other's GEMMs, as the two consumer warpgroups of one CTA do at block 128.
 template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128>
 struct Sm90WarpSpecializedTraits {
   using Elem = Elem_;
   static constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
-  static constexpr int kLayoutBlock = 128;  // the layouts this kernel runs
-  static constexpr int kBlock = kBlockN_;   // key rows of a K / V tile
+  static constexpr int kBlock = kBlockN_;  // key rows of a K / V tile
+  static constexpr int kLayoutBlock = kBlock == 64 ? 64 : 128;  // the layouts it runs
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
-  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumers");
-  static_assert(kBlock == kLayoutBlock || (kBlock == 176 && kHeadDim == 128 &&
-                                           kConsumerWarpgroups == 2),
+  static_assert((kConsumerWarpgroups == 1) == (kBlock == 64), "one consumer at block 64");
+  static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "one to three consumers");
+  static_assert(kBlock != 176 || (kHeadDim == 128 && kConsumerWarpgroups == 2),
                 "176-key tiles at D = 128 with two consumer warpgroups only");
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // query rows of a work item
   // Query rows of a work item and key rows of a tile for the tile scheduler (0: the layout
@@ -82,15 +86,16 @@ struct Sm90WarpSpecializedTraits {
   static constexpr int kItemRows = kBlockM == kLayoutBlock ? 0 : kBlockM;
   static constexpr int kTileKeys = kBlock == kLayoutBlock ? 0 : kBlock;
   static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kCtasPerSm = kConsumerWarpgroups == 1 ? 2 : 1;  // __launch_bounds__
   // Warps of the producer warpgroup that load K/V by cp.async (the next one loads Q, the last
   // exits at once): tile G is loaded and published by warp G % kProducerWarps.
   static constexpr int kProducerWarps = 2;
-  static constexpr int kLaunchRegs = (65536 / kNThreads) / 8 * 8;  // __launch_bounds__(kNThreads, 1)
-  static constexpr int kProducerRegs =
-      kConsumerWarpgroups == 3 ? 32 : (kBlock == kLayoutBlock ? 64 : 40);
+  static constexpr int kLaunchRegs = (65536 / (kNThreads * kCtasPerSm)) / 8 * 8;
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? 32 : (kBlock == 176 ? 40 : 64);
   static constexpr int kConsumerRegs =
-      kConsumerWarpgroups == 3 ? 160 : (kBlock == kLayoutBlock ? 216 : 232);
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536,
+      kConsumerWarpgroups == 3 ? 160 : (kBlock == 128 ? 216 : (kBlock == 176 ? 232 : 192));
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <=
+                    65536 / kCtasPerSm,
                 "register file");
   static_assert((kLaunchRegs - kProducerRegs) * 128 >=
                     (kConsumerRegs - kLaunchRegs) * 128 * kConsumerWarpgroups,
@@ -101,8 +106,10 @@ struct Sm90WarpSpecializedTraits {
   static constexpr int kPanelBytes = kBlock * 128;    // a 64-column panel of a K / V tile
   static constexpr int kQPanelBytes = kBlockM * 128;  // and of the Q tile
   // Three stages (two tiles in flight behind the math; a CSR gather has no locality to hide
-  // latency otherwise): Q 32 KB + 3 x (K + V) 64 KB at D = 128. Two with 176-key tiles.
-  static constexpr int kStages = kBlock == kLayoutBlock ? 3 : 2;
+  // latency otherwise): Q 32 KB + 3 x (K + V) 64 KB at D = 128. Two with 176-key tiles, and at
+  // block 64 (two CTAs per SM: four tiles in flight per SM; three stages would need 152 bytes
+  // more than two CTAs may have).
+  static constexpr int kStages = kBlock == 128 ? 3 : 2;
 };
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
@@ -210,6 +217,7 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
 // that row). `wg` is warp-uniform (shuffled), so these branches do not serialize the wgmma.
 template <int kWgs>
 __device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
+  if constexpr (kWgs == 1) return;  // one consumer warpgroup (block 64): nothing to alternate
   if (wg > 0) {
     NamedBarSync(wg, 256);
   } else if (!first) {
@@ -218,6 +226,7 @@ __device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
 }
 template <int kWgs>
 __device__ __forceinline__ void PingPongAfterScores(int wg, bool last) {
+  if constexpr (kWgs == 1) return;
   if (wg + 1 < kWgs) {
     NamedBarArrive(wg + 1, 256);
   } else if (!last) {
