@@ -6,6 +6,8 @@
 # Usage (on the GPU host, bundle unpacked; FA4 installed into FA4_SITE as docs/DEVELOPERS.md
 # "GPU runs" describes; without FA4_SITE the FA4 columns say "not installed"):
 #   NEW=/path/to/bundle FA4_SITE=/tmp/fa4site bench/kernel_compare_run.sh OUT_DIR
+#   (BENCH_FLAGS="--sm90_key_tile=176 ..." adds attnbench_cuda flags: a kernel option measured
+#   against FA4 before it becomes the default)
 # Cases (bf16, Hq = Hkv = 16, D = 128 unless named):
 #   dense_n16384, dense_n16384_causal              N = 16384, D = 128
 #   dense_d64_n16384, dense_d64_n16384_causal      N = 16384, D = 64
@@ -42,7 +44,7 @@ DEFAULT_CASES=$DEFAULT_CASES,sparse_random_s99,sparse_local_window_s99
 CASES=${CASES:-$DEFAULT_CASES}  # attnbench_cuda case names (and groups), the same for both steps
 
 {
-  echo "# Kernel comparison $(date -u +%FT%TZ) (bundle: $NEW, FA4 site: ${FA4_SITE:-none})"
+  echo "# Kernel comparison $(date -u +%FT%TZ) (bundle: $NEW, FA4 site: ${FA4_SITE:-none}, flags: ${BENCH_FLAGS:-none})"
   echo
   timeout 10 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv 2>&1
   echo
@@ -55,8 +57,9 @@ if [ -x "$BENCH" ]; then
   if ! "$BENCH" --list 2>/dev/null | grep -qx dense_d64_n16384; then
     say "NOTE: $BENCH has no dense_d64 cases (built before they existed): D = 64 rows missing"
   fi
+  # shellcheck disable=SC2086
   timeout -k 5 90 "$BENCH" --cases="$CASES" --warmup=3 --iters=20 --csr_dir="$OUT/csr" \
-    --json="$OUT/ours.json" --md="$OUT/ours.md" > "$OUT/ours.log" 2>&1
+    ${BENCH_FLAGS:-} --json="$OUT/ours.json" --md="$OUT/ours.md" > "$OUT/ours.log" 2>&1
   say "attnbench_cuda rc=$? (0: every own check passed, 1: a check failed, 124: timeout)"
   cat "$OUT/ours.md" >> "$SUMMARY" 2>/dev/null
 else
