@@ -2,10 +2,10 @@
 # One 2-GPU lease (nvidia-h200-x2), after `source .gpu-bundle/env.sh`: correctness of everything new
 # first, then the figures the open issues ask for. Usage: OUT=<dir> bash bench/lease_run.sh [parts]
 # parts (default "kernel sparse ring longest service scaling"):
-#   kernel   flash_sm90_test once per sm90 variant ($LEASE_VARIANTS, default "v1 v3"; the wgmma
-#            kernel forced, vs the float64 reference); cudnn_sdpa_test's piece tests;
+#   kernel   flash_sm90_test once per sm90 variant ($LEASE_VARIANTS, default "v3", the one left;
+#            the wgmma kernel forced, vs the float64 reference); cudnn_sdpa_test's piece tests;
 #            cuda_attention_test through the default dispatch with each variant that passed. When
-#            v1 fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
+#            v3 fails, every later part runs with ATTNSERVE_FLASH_KERNEL=sm80 (said in the summary).
 #   sparse   attnbench_cuda on sm80, on each sm90 variant that passed, on the automatic choice
 #            (no variant set), and on the extra runs in $LEASE_EXTRA_RUNS ("variant:order ...",
 #            order = ATTNSERVE_SM90_V3_ORDER), then compare_torch.py (PyTorch SDPA flash/cuDNN and
@@ -39,15 +39,15 @@ if has kernel; then
   D="$R/kernel"; mkdir -p "$D"
   # The Hopper kernel, one process per variant (a hang in one cannot lose the other's results).
   VARIANTS_OK=""
-  for V in ${LEASE_VARIANTS:-v1 v3}; do
+  for V in ${LEASE_VARIANTS:-v3}; do
     CUDA_VISIBLE_DEVICES=0 ATTNSERVE_SM90_TEST_VARIANTS=$V timeout -k 5 120 "$BIN/flash_sm90_test" \
       --gtest_color=no --gtest_output="json:$D/flash_sm90_test_$V.json" > "$D/flash_sm90_test_$V.log" 2>&1
     rc=$?
     say "flash_sm90_test ($V) rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]' "$D/flash_sm90_test_$V.log" | tr '\n' ' ' | cut -c1-300)"
     grep -E '^\[  FAILED  \]' "$D/flash_sm90_test_$V.log" | head -10 | cut -c1-200 >> "$SUMMARY"
-    if [ $V = v1 ] && [ $rc -ne 0 ]; then
+    if [ $V = v3 ] && [ $rc -ne 0 ]; then
       export ATTNSERVE_FLASH_KERNEL=sm80
-      say "flash_sm90_test (v1) failed: ATTNSERVE_FLASH_KERNEL=sm80 for everything below"
+      say "flash_sm90_test (v3) failed: ATTNSERVE_FLASH_KERNEL=sm80 for everything below"
     fi
     [ $rc -eq 0 ] && VARIANTS_OK="$VARIANTS_OK $V"
   done
@@ -65,8 +65,8 @@ fi
 if has sparse; then
   D="$R/sparse"; mkdir -p "$D" /tmp/attn_csr
   CASES=dense_n16384,dense_n16384_causal,sparse_random_s90,sparse_local_window_s90,sparse_random_s99,sparse_local_window_s99
-  RUNS="sm80:v1:"
-  for V in ${VARIANTS_OK:-v1 v3}; do RUNS="$RUNS sm90:$V:"; done
+  RUNS="sm80:v3:"
+  for V in ${VARIANTS_OK:-v3}; do RUNS="$RUNS sm90:$V:"; done
   RUNS="$RUNS sm90:auto:"
   for X in ${LEASE_EXTRA_RUNS:-}; do RUNS="$RUNS sm90:$X"; done
   for KVO in $RUNS; do
@@ -80,7 +80,7 @@ if has sparse; then
     cat "$D/bench_$TAG.md" >> "$SUMMARY" 2>/dev/null
   done
   # FlexAttention / PyTorch SDPA on the same cases and CSR, in the same lease.
-  OURS="$D/bench_sm90v3.json"; [ -f "$OURS" ] || OURS="$D/bench_sm90v1.json"
+  OURS="$D/bench_sm90v3.json"; [ -f "$OURS" ] || OURS="$D/bench_sm90auto.json"
   CUDA_VISIBLE_DEVICES=0 timeout -k 5 100 "$PY" bench/compare_torch.py --ours="$OURS" \
     --csr_dir=/tmp/attn_csr --json="$D/compare.json" --md="$D/compare.md" --cbm_timeout=30 \
     >> "$D/bench.log" 2>&1

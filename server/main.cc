@@ -113,8 +113,8 @@ ABSL_FLAG(int64_t, pinned_host_cap_bytes, 0,
           "CUDA backend: page-locked host memory the server may hold for request buffers and "
           "staging (0: half of the host's memory); past it buffers are pageable (slower)");
 ABSL_FLAG(std::string, sm90_schedule, "persistent",
-          "CUDA backend: the Hopper kernel's schedule: persistent (a grid of one CTA per SM "
-          "walking the tiles) | single_tile (one CTA per tile; layout block 64 always runs it)");
+          "CUDA backend: the Hopper kernel's schedule: persistent (a grid of one or two CTAs per "
+          "SM walking the work items; the only one left, kept for command lines that name it)");
 ABSL_FLAG(int, lanes_per_gpu, 2,
           "CUDA backend: requests one GPU runs at once, each on its own stream so that one's "
           "copies overlap another's kernels (1: one at a time)");

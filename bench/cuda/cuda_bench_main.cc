@@ -2,7 +2,8 @@
 // markdown table.
 //   attnbench_cuda [--cases=all|dense,sparse,...] [--warmup=3] [--iters=10] [--device=0]
 //                  [--json=PATH] [--md=PATH] [--csr_dir=DIR] [--list]
-//                  [--kernel=auto|sm80|sm90] [--sm90-schedule=single_tile|persistent|v1|v3]
+//                  [--kernel=auto|sm80|sm90] [--sm90-schedule=persistent|v3]
+//                  [--sm90_tma] [--sm90_query_tile=auto|128|192] [--sm90_key_tile=auto|128|176]
 // --kernel and --sm90-schedule pick the flash kernel; the environment (ATTNSERVE_FLASH_KERNEL,
 // ATTNSERVE_SM90_VARIANT, ATTNSERVE_SM90_V3_MAX_CTAS, ATTNSERVE_SM90_V3_ORDER,
 // ATTNSERVE_ATTENTION_ENGINE) overrides them, read once at start; rows report the kernel that ran
@@ -26,8 +27,7 @@ ABSL_FLAG(std::string, csr_dir, "", "dump the block-sparse layouts here (.npy) f
 ABSL_FLAG(bool, list, false, "print the case names and exit");
 ABSL_FLAG(std::string, kernel, "auto", "flash kernel: auto|sm80|sm90");
 ABSL_FLAG(std::string, sm90_schedule, "",
-          "Hopper kernel schedule: single_tile|persistent (or v1|v3); "
-          "empty: the default");
+          "Hopper kernel schedule: persistent (or v3; the only one); empty: the default");
 ABSL_FLAG(bool, sm90_tma, true,
           "persistent Hopper schedule: load K and V by TMA where the tensors allow it (false: "
           "cp.async)");
@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, sm90_query_tile, "auto",
           "auto (the default: 192) | 128 | 192");
 ABSL_FLAG(std::string, sm90_key_tile, "auto",
           "persistent Hopper schedule at D = 128, dense / causal: keys per K/V tile, "
-          "auto (as measured per case) | 128 | 176");
+          "auto (176 from 32768 keys on) | 128 | 176");
 
 namespace attnserve::bench {
 namespace {

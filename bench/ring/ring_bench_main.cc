@@ -42,7 +42,7 @@ ABSL_FLAG(std::string, commit, "", "commit recorded in the JSON (default: $ATTNS
 ABSL_FLAG(std::string, engine, "both", "scaling: own|cudnn|both");
 ABSL_FLAG(std::string, kernel, "auto", "our flash kernel: auto|sm80|sm90");
 ABSL_FLAG(std::string, sm90_schedule, "",
-          "Hopper kernel schedule: single_tile|persistent (or v1|v3); empty: the default");
+          "Hopper kernel schedule: persistent (or v3; the only one); empty: the default");
 ABSL_FLAG(bool, longest_causal, false, "run the longest-causal-under-a-memory-budget bench");
 ABSL_FLAG(double, memory_budget_gib, 4, "--longest-causal: device memory per GPU, GiB");
 ABSL_FLAG(double, time_cap_s, 20, "--longest-causal: an attempt fails when a run takes longer");

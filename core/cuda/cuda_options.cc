@@ -56,8 +56,6 @@ std::string_view FlashKernelArchName(FlashKernelArch arch) {
 
 std::string_view Sm90ScheduleName(Sm90Schedule schedule) {
   switch (schedule) {
-    case Sm90Schedule::kSingleTile:
-      return "single_tile";
     case Sm90Schedule::kPersistent:
       return "persistent";
   }
@@ -92,12 +90,11 @@ absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name, std:
 }
 
 absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name, std::string_view what) {
-  // v1 / v3: the names ATTNSERVE_SM90_VARIANT, bench scripts and result files use. v2 (and
-  // warp_specialized) named the removed one-CTA-per-tile warp-specialized schedule: refused, so
-  // that a script asking for it fails instead of silently measuring another kernel.
-  if (name == "single_tile" || name == "v1") return Sm90Schedule::kSingleTile;
+  // v3: the name ATTNSERVE_SM90_VARIANT, bench scripts and result files use. The removed
+  // schedules' names (single_tile / v1, warp_specialized / v2) are refused like any unknown one,
+  // so that a script asking for them fails instead of silently measuring another kernel.
   if (name == "persistent" || name == "v3") return Sm90Schedule::kPersistent;
-  return Invalid(what, "single_tile or persistent (or v1, v3)", name);
+  return Invalid(what, "persistent (or v3; single_tile / v1 and v2 were removed)", name);
 }
 
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name, std::string_view what) {

@@ -30,18 +30,18 @@ enum class AttentionEngine { kAuto, kOwn, kCudnn };
 //   kSm80: always the sm_80 kernel.   kSm90: the Hopper kernel, UNIMPLEMENTED where it cannot run.
 enum class FlashKernelArch { kAuto, kSm80, kSm90 };
 
-// How the Hopper kernel walks its work (layout block 128; block 64 always runs kSingleTile).
-//   kSingleTile:  one CTA per (query block, head, batch); every thread loads (cp.async).
+// How the Hopper kernel walks its work. One schedule remains:
 //   kPersistent:  warp-specialized (a producer warpgroup feeds consumer warpgroups through a ring
-//                 of shared-memory stages: mbarriers, setmaxnreg) on a persistent grid of
-//                 min(#SMs, items) CTAs that walk the work items; the default. The former
-//                 one-CTA-per-tile warp-specialized schedule was removed: this one was equal to
-//                 it dense and faster sparse on an H200 (bench/results/h200-2026-11-22c: 2-3% at
-//                 90% of block pairs skipped, 19-20% at 99%).
-// RunInfo::kernel and the bench results name the kernels "sm90" and "sm90v3" in this order
-// (FlashKernelName, core/cuda/flash_fwd_sm90/flash_fwd_sm90.h; older results also have "sm90v2",
-// the removed schedule).
-enum class Sm90Schedule { kSingleTile, kPersistent };
+//                 of shared-memory stages: mbarriers, setmaxnreg) on a persistent grid that walks
+//                 the work items, at layout blocks 64 and 128.
+// The option, its flags and ATTNSERVE_SM90_VARIANT stay so that command lines naming the schedule
+// keep working; the removed schedules' names are refused (ParseSm90Schedule): a one-CTA-per-tile
+// warp-specialized one ("v2", equal dense and slower sparse: bench/results/h200-2026-11-22c), and
+// the one-CTA-per-tile kernel every thread loaded for ("single_tile", "v1"; 18-22% slower at
+// block 64: bench/results/h200x2-2026-11-27-kernel4/ab-b64). RunInfo::kernel and the bench
+// results name the kernel "sm90v3" (FlashKernelName, core/cuda/flash_fwd_sm90/flash_fwd_sm90.h;
+// older results also have "sm90" and "sm90v2", the removed ones).
+enum class Sm90Schedule { kPersistent };
 
 // Order of the persistent schedule's work items: (head, batch, segment) pairs in groups, a
 // group's items position-major (heavy rows first where the layout says which).
@@ -64,7 +64,8 @@ enum class Sm90QueryTile { kAuto, k128, k192 };
 //   k176: 176 keys (two stages; producer 40 / consumers 232 registers), the tile
 //         FlashAttention-3 takes for dense D = 128: the per-tile work around the GEMMs is spread
 //         over 1.375x the GEMM time; needs TMA loads, else k128 runs.
-//   kAuto: as measured per case (flash_fwd_sm90.cc: Sm90WideKeyTiles).
+//   kAuto: k176 from 32768 keys on (measured on an H200: 4-6% faster at 65536, level at 16384,
+//          4-9% slower at 4096; flash_fwd_sm90.cc: Sm90WideKeyTiles).
 enum class Sm90KeyTile { kAuto, k128, k176 };
 
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
@@ -114,7 +115,7 @@ struct CudaOptions {
 // Names as the flags and environment variables spell them.
 std::string_view AttentionEngineName(AttentionEngine engine);  // "auto", "own", "cudnn"
 std::string_view FlashKernelArchName(FlashKernelArch arch);    // "auto", "sm80", "sm90"
-std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "single_tile", ...
+std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "persistent"
 std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
 std::string_view Sm90QueryTileName(Sm90QueryTile tile);        // "auto", "128", "192"
 std::string_view Sm90KeyTileName(Sm90KeyTile tile);            // "auto", "128", "176"
@@ -124,8 +125,8 @@ absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
                                                      std::string_view what = "engine");
 absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name,
                                                      std::string_view what = "flash kernel");
-// Also takes the older names v1 and v3 for kSingleTile and kPersistent; "warp_specialized" and
-// "v2" (the removed schedule) are INVALID_ARGUMENT like any unknown name.
+// Also takes the older name v3 for kPersistent; the removed schedules' names ("single_tile",
+// "v1", "warp_specialized", "v2") are INVALID_ARGUMENT like any unknown name.
 absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name,
                                                std::string_view what = "sm90 schedule");
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name,

@@ -7,9 +7,10 @@
 // - params level (RunAttentionForward on BuildFlashFwdParams) vs a float64 loop, in
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
 //   offsets (ring pieces), all three mask kinds, accumulate mode merging two key pieces;
-// - sm90 vs sm80 on N = 16384 (dense causal, block-sparse 90% skipped), in this file.
-// Every sm90 run is done once per schedule (single tile, persistent; both at layout blocks 64 and
-// 128), against the same reference, and checks which kernel ran ("sm90" / "sm90v3"); the persistent schedule runs once
+// - sm90 vs sm80 on N = 16384 (dense causal, block-sparse 90% skipped at blocks 128 and 64), in
+//   this file.
+// Every sm90 run (the persistent schedule, at layout blocks 64 and 128) is checked against the
+// same reference and for which kernel ran ("sm90v3"); the persistent schedule runs once
 // per work-item order (head- and position-major). The spec and piece cases cap the persistent
 // grid at kPersistentTestCtas CTAs, so that each CTA runs many work items of different lengths
 // (empty CSR rows included) back to back; the large cases run the full grid.
@@ -303,12 +304,12 @@ TEST(FlashSm90DispatchTest, ForcedUnsupportedIsUnimplemented) {
 TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
   EXPECT_EQ(ParseFlashKernelArch("bogus").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseSm90Schedule("v4").status().code(), absl::StatusCode::kInvalidArgument);
-  // The removed one-CTA-per-tile warp-specialized schedule: refused like an unknown name, and the
-  // message lists what is accepted.
-  for (const char* removed : {"v2", "warp_specialized"}) {
+  // The removed one-CTA-per-tile schedules: refused like an unknown name, and the message lists
+  // what is accepted.
+  for (const char* removed : {"v1", "single_tile", "v2", "warp_specialized"}) {
     const absl::Status status = ParseSm90Schedule(removed, "--sm90-schedule").status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << removed;
-    EXPECT_NE(status.message().find("single_tile or persistent"), std::string_view::npos)
+    EXPECT_NE(status.message().find("persistent (or v3"), std::string_view::npos)
         << status.message();
     EXPECT_NE(status.message().find("--sm90-schedule"), std::string_view::npos)
         << status.message();
@@ -318,8 +319,7 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
                                   FlashKernelArch::kSm90}) {
     EXPECT_EQ(*ParseFlashKernelArch(FlashKernelArchName(a)), a);
   }
-  const std::pair<const char*, Sm90Schedule> old_names[] = {{"v1", Sm90Schedule::kSingleTile},
-                                                            {"v3", Sm90Schedule::kPersistent}};
+  const std::pair<const char*, Sm90Schedule> old_names[] = {{"v3", Sm90Schedule::kPersistent}};
   for (const auto& [name, schedule] : old_names) {
     auto parsed = ParseSm90Schedule(name);
     ASSERT_TRUE(parsed.ok()) << name;
@@ -341,7 +341,8 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,
-// v1 picks the single-tile schedule; v2 (the removed schedule) and v4 are configuration errors.
+// v3 names the persistent schedule; v1 and v2 (the removed schedules) and v4 are configuration
+// errors.
 TEST(FlashSm90DispatchTest, EnvironmentOverridesAreReadOnce) {
   constexpr char kEnv[] = "ATTNSERVE_SM90_VARIANT";
   const char* old = std::getenv(kEnv);
@@ -350,10 +351,12 @@ TEST(FlashSm90DispatchTest, EnvironmentOverridesAreReadOnce) {
   auto options = CudaOptionsFromEnv();
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->flash.sm90_schedule, Sm90Schedule::kPersistent);
-  setenv(kEnv, "v1", 1);
+  setenv(kEnv, "v3", 1);
   options = CudaOptionsFromEnv();
   ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->flash.sm90_schedule, Sm90Schedule::kSingleTile);
+  EXPECT_EQ(options->flash.sm90_schedule, Sm90Schedule::kPersistent);
+  setenv(kEnv, "v1", 1);
+  EXPECT_EQ(CudaOptionsFromEnv().status().code(), absl::StatusCode::kInvalidArgument);
   setenv(kEnv, "v2", 1);
   EXPECT_EQ(CudaOptionsFromEnv().status().code(), absl::StatusCode::kInvalidArgument);
   setenv(kEnv, "v4", 1);
@@ -373,25 +376,27 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   const AttentionShape shape{1, 16384, 4, 4, 128};
   auto in = MakeRandomInputs(shape, DType::kBF16, seed);
-  std::vector<Case> cases(2);
+  std::vector<Case> cases(3);
   cases[0].spec.pattern = DenseSpec{};
   cases[0].spec.causal = true;
   cases[0].name = "dense_causal";
   cases[1].spec.pattern = BlockSparseSpec{128, RandomGen{0.1, 42}};
   cases[1].name = "bs128_random_90pct_skipped";
+  // Layout block 64 on the full grid (two CTAs per SM).
+  cases[2].spec.pattern = BlockSparseSpec{64, RandomGen{0.1, 43}};
+  cases[2].name = "bs64_random_90pct_skipped";
   for (Case& c : cases) {
     c.shape = shape;
     c.dtype = DType::kBF16;
     SCOPED_TRACE(c.name);
-    // sm80, then sm90 single tile and persistent (full persistent grid); each sm90 schedule is
-    // compared with sm80.
-    // The last run is the persistent schedule with cp.async loads.
-    constexpr int kRuns = 4;
+    // sm80, then sm90 (full persistent grid) with TMA loads, then with cp.async loads; each sm90
+    // run is compared with sm80.
+    constexpr int kRuns = 3;
     HostTensor o[kRuns], lse[kRuns];
     FlashKernelOptions sm80;
     sm80.arch = FlashKernelArch::kSm80;
-    const Sm90Schedule schedules[kRuns] = {Sm90Schedule::kSingleTile, Sm90Schedule::kSingleTile,
-                                           Sm90Schedule::kPersistent, Sm90Schedule::kPersistent};
+    const Sm90Schedule schedules[kRuns] = {Sm90Schedule::kPersistent, Sm90Schedule::kPersistent,
+                                           Sm90Schedule::kPersistent};
     for (int i = 0; i < kRuns; ++i) {
       if (i > 0 && !TestsSchedule(schedules[i])) continue;
       FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);

@@ -6,11 +6,9 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "core/cuda/cuda_options.h"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
 #include "gtest/gtest.h"
@@ -26,27 +24,9 @@ inline constexpr double kLseTol = 2e-3;
 // odd count, so that items land on CTAs in shifting phases of the K/V ring). 0: the full grid.
 inline constexpr int kPersistentTestCtas = 3;
 
-// The schedules every sm90 case runs with: both, or the comma-separated subset of
-// ATTNSERVE_SM90_TEST_VARIANTS (v1, v3 or schedule names; bench/sm90_check.sh runs one
-// process per schedule, so that a hang in one cannot cost the others' results). This is the
-// test runner's own knob, not an attnserve option.
-inline std::vector<Sm90Schedule> TestSchedules() {
-  const char* env = std::getenv("ATTNSERVE_SM90_TEST_VARIANTS");
-  if (env == nullptr || *env == '\0') {
-    return {Sm90Schedule::kSingleTile, Sm90Schedule::kPersistent};
-  }
-  std::vector<Sm90Schedule> out;
-  for (const Sm90Schedule s : {Sm90Schedule::kSingleTile, Sm90Schedule::kPersistent}) {
-    for (absl::string_view name : absl::StrSplit(env, ',')) {
-      const auto parsed = ParseSm90Schedule(std::string(name));
-      if (parsed.ok() && *parsed == s) {
-        out.push_back(s);
-        break;
-      }
-    }
-  }
-  return out;
-}
+// The schedules every sm90 case runs with: the persistent one (the only one left; the tests keep
+// the loop so that a schedule added later runs every case).
+inline std::vector<Sm90Schedule> TestSchedules() { return {Sm90Schedule::kPersistent}; }
 inline bool TestsSchedule(Sm90Schedule schedule) {
   for (const Sm90Schedule s : TestSchedules()) {
     if (s == schedule) return true;
@@ -58,11 +38,9 @@ inline bool TestsSchedule(Sm90Schedule schedule) {
 inline FlashKernel ExpectedSm90Kernel(Sm90Schedule schedule) {
   switch (schedule) {
     case Sm90Schedule::kPersistent:
-      return FlashKernel::kSm90Persistent;
-    case Sm90Schedule::kSingleTile:
       break;
   }
-  return FlashKernel::kSm90SingleTile;
+  return FlashKernel::kSm90Persistent;
 }
 
 // Options forcing the sm90 kernel with `schedule` (the persistent grid capped at `max_ctas`,

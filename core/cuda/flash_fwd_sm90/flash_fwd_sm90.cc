@@ -62,16 +62,19 @@ int L2BytesOfCurrentDevice() {
 }
 
 // Whether the D = 128 persistent kernel takes K/V tiles of 176 keys (Sm90KeyTile): the implicit
-// dense and causal layouts only (a CSR tile is one layout block). kAuto: not yet (measured per
-// case before it changes).
+// dense and causal layouts only (a CSR tile is one layout block). kAuto: from 32768 keys on.
+// Measured on an H200 (bench/results/h200x2-2026-11-27-kernel4/ab-keytile, three interleaved
+// reps, 176 against 128): N = 4096 +4% (causal +9%: a 176-key tile holds 23.3 of them, and the
+// second stage less), N = 16384 level (-1%), N = 65536 -4% (causal -6%).
 bool Sm90WideKeyTiles(const FlashFwdParams& p, Sm90KeyTile tile) {
   if (p.col_idx != nullptr) return false;
   switch (tile) {
     case Sm90KeyTile::k176:
       return true;
     case Sm90KeyTile::k128:
-    case Sm90KeyTile::kAuto:
       return false;
+    case Sm90KeyTile::kAuto:
+      return (p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen) >= 32768;
   }
   return false;
 }
@@ -116,9 +119,6 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, options.sm90_tma,
                                                            stream);
     }
-    case FlashKernel::kSm90SingleTile:
-      return p.block_size == 64 ? RunFlashFwdSm90Impl<kHeadDim, 64, Elem>(p, stream)
-                                : RunFlashFwdSm90Impl<kHeadDim, 128, Elem>(p, stream);
     case FlashKernel::kSm80:
     case FlashKernel::kSplitKvDecode:
     case FlashKernel::kSplitKvDecodeSm90:
@@ -222,8 +222,6 @@ std::string_view FlashKernelName(FlashKernel kernel) {
   switch (kernel) {
     case FlashKernel::kSm80:
       return "sm80";
-    case FlashKernel::kSm90SingleTile:
-      return "sm90";
     case FlashKernel::kSm90Persistent:
       return "sm90v3";
     case FlashKernel::kSplitKvDecode:
@@ -297,8 +295,6 @@ absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& p,
     return FlashKernel::kSm80;
   }
   switch (options.sm90_schedule) {
-    case Sm90Schedule::kSingleTile:
-      return FlashKernel::kSm90SingleTile;
     case Sm90Schedule::kPersistent:
       return FlashKernel::kSm90Persistent;
   }

@@ -19,18 +19,16 @@ namespace attnserve {
 // The kernel one launch runs. FlashKernelName gives the names bench scripts, result files and
 // RunInfo::kernel use (kept from the first measurements so that figures stay comparable):
 //   kSm80                 "sm80"    flash_fwd (mma.sync, cp.async), any sm_80+
-//   kSm90SingleTile       "sm90"    wgmma, one CTA per tile, every thread loads (cp.async)
 //   kSm90Persistent       "sm90v3"  wgmma, warp-specialized (producer warps + consumer
 //                                   warpgroups over a ring of shared-memory stages) on a
-//                                   persistent grid (layout block 128 only)
+//                                   persistent grid
 //   kSplitKvDecode        "decode"  flash_decode: a few query rows against many keys, split over
 //                                   the keys and merged by LSE (core/cuda/flash_decode), mma.sync
 //   kSplitKvDecodeSm90    "decode_sm90"  the same with a wgmma consumer (sm_90a)
-// ("sm90v2", in older results, named a one-CTA-per-tile warp-specialized kernel, since removed:
+// ("sm90" and "sm90v2", in older results, named one-CTA-per-tile Hopper kernels, since removed:
 // core/cuda/NOTES.md.)
 enum class FlashKernel {
   kSm80,
-  kSm90SingleTile,
   kSm90Persistent,
   kSplitKvDecode,
   kSplitKvDecodeSm90
@@ -55,8 +53,8 @@ bool CurrentDeviceIsSm90();
 //   arch kSm80: kSm80;
 //   arch kSm90: an sm90 kernel, or UNIMPLEMENTED naming why it cannot run (never a silent
 //               fallback).
-// The sm90 kernel is options.sm90_schedule's, except that layout block 64 always runs
-// kSm90SingleTile (the persistent schedule exists for block 128 only).
+// The sm90 kernel is kSm90Persistent (options.sm90_schedule's one schedule) at either layout
+// block.
 absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& params,
                                            const FlashKernelOptions& options);
 
@@ -70,9 +68,11 @@ absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& params,
 // inputs; the measured rules do not need it yet).
 int Sm90HeadGroup(const FlashFwdParams& params, int ctas, int64_t l2_bytes, Sm90ItemOrder order);
 
-// Launches `kernel` (one of the sm90 kernels, as FlashKernelFor chose it for params). The
-// persistent schedule reads options.persistent_max_ctas and options.item_order. Returns the
-// launch error.
+// Launches `kernel` (kSm90Persistent, as FlashKernelFor chose it for params) with the variant
+// the options and the params' layout pick (flash_fwd_sm90.cc: block 64, 192-row items at D = 64,
+// 176-key tiles at D = 128, else two consumers over 128-key tiles). Reads
+// options.persistent_max_ctas, item_order, persistent_head_group, sm90_query_tile,
+// sm90_key_tile and sm90_tma. Returns the launch error.
 cudaError_t RunFlashFwdSm90(const FlashFwdParams& params, FlashKernel kernel,
                             const FlashKernelOptions& options, cudaStream_t stream);
 

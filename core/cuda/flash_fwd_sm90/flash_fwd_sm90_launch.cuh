@@ -1,6 +1,6 @@
-// flash_fwd_sm90 launch: grid, shared memory and stream for one (head dim, block, dtype).
-// Included by the per-dtype .cu files, which instantiate RunFlashFwdSm90Impl (single-tile kernel)
-// and RunFlashFwdSm90PersistentImpl (persistent kernel).
+// flash_fwd_sm90 launch: grid, shared memory and stream for one kernel variant (head dim, dtype,
+// consumer warpgroups, key rows per tile). Included by the per-dtype .cu files, which instantiate
+// RunFlashFwdSm90PersistentImpl for each variant flash_fwd_sm90.cc may pick.
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_LAUNCH_CUH_
 
@@ -12,12 +12,10 @@
 
 namespace attnserve {
 
-template <int kHeadDim, int kBlock, typename Elem>
-cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream);
-
-// The persistent warp-specialized kernel (flash_fwd_sm90_persistent_kernel.cuh): layout block
-// 128 only; grid = min(num_sms, work items). head_group: (head, batch * segment) pairs per group
-// of work items, position-major inside a group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
+// The Hopper kernel (flash_fwd_sm90_persistent_kernel.cuh): grid = min(num_sms x CTAs per SM,
+// work items); kConsumerWarpgroups 1 with kBlockN 64 is layout block 64, the others block 128.
+// head_group: (head, batch * segment) pairs per group of work items, position-major inside a
+// group (DecodeItem in flash_fwd_sm90_tile_scheduler.cuh).
 // tma: Q, K and V arrive by TMA where MakeSm90TmaMaps can describe them (else by cp.async).
 // kConsumerWarpgroups 3: work items of 192 query rows (D = 64, implicit dense / causal layouts,
 // TMA loads only); kBlockN 176: K/V tiles of 176 keys (D = 128, implicit layouts, TMA only).
@@ -45,26 +43,9 @@ cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaM
 }  // namespace attnserve
 
 #ifdef __CUDACC__
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_persistent_kernel.cuh"
 
 namespace attnserve {
-
-template <int kHeadDim, int kBlock, typename Elem>
-cudaError_t RunFlashFwdSm90Impl(const FlashFwdParams& params, cudaStream_t stream) {
-  using Traits = flash_sm90::Sm90Traits<kHeadDim, kBlock, Elem>;
-  auto kernel = &flash_sm90::FlashFwdSm90Kernel<Traits>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(params.num_q_blocks),
-                  static_cast<unsigned>(params.num_heads),
-                  static_cast<unsigned>(params.batch * params.num_segs));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
-}
 
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,

@@ -2,13 +2,28 @@
 // wgmma (issue and wait kept apart, so that callers can place the ping-pong barrier between
 // them), P packing to register A fragments, and O += P V.
 //
+// Shared-memory tiles (Q, and per stage K and V) are (rows, kHeadDim) bf16/f16 stored as
+// kHeadDim / 64 column panels of (rows, 64): each row of a panel is 128 bytes, 8 rows form a
+// 1024-byte atom, and 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle
+// wgmma decodes from address bits [4,7) ^ [7,10); tile bases are 1024-byte aligned).
+// - Q (A of S = Q K^T) and K (B, N = keys) are K-major: descriptor SBO = 1024 (8-row groups), a
+//   16-wide k-step advances the start address by 32 bytes inside the 128-byte row, and by a panel
+//   (rows * 128 bytes) every 4 k-steps.
+// - V (B of O = P V, N = head dim, K = keys) is the same bytes read MN-major (imm-trans-b = 1):
+//   LBO = panel stride (next 64 head-dim columns), SBO = 1024 (next 8 keys); a 16-key k-step
+//   advances by 16 * 128 = 2048 bytes.
+// - S: (64, kBlock) f32 per warpgroup = kBlock / 2 registers per thread, wgmma m64n{kBlock}k16
+//   SS. P = exp2(...) packed in registers to the m64k16 A fragments; O += P V with wgmma
+//   m64n{kHeadDim}k16 RS. O: kHeadDim / 2 f32 registers per thread.
+//
 // Everything is forceinline and takes the accumulators by reference with compile-time sizes and
 // fully unrolled loops, so S, P and O stay in registers. None of these functions branches on
 // anything that is not warpgroup-uniform: ptxas serializes every wgmma of a kernel when it cannot
 // prove the code around them warp-uniform (core/cuda/NOTES.md, C7515/C7518).
 //
-// Traits: Sm90Traits or Sm90PersistentTraits (Elem, kBF16, kBlock, kHeadDim, kPanelBytes); the
-// sm90 decode kernel passes FlashDecodeSm90Traits (core/cuda/flash_decode).
+// Traits: Sm90PersistentTraits (Elem, kBF16, kBlock = key rows of a tile, kHeadDim,
+// kPanelBytes, kQPanelBytes); the sm90 decode kernel passes FlashDecodeSm90Traits
+// (core/cuda/flash_decode).
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_MAINLOOP_CUH_
 
@@ -225,20 +240,6 @@ struct ThreadRows {
   int64_t delta;  // q_pos_offset - k_pos_offset
   int t;
 };
-
-// Everything of a key tile after its S GEMM completed: mask, online softmax step, P packing
-// and O += P V (waited for).
-template <typename Traits>
-__device__ __forceinline__ void ConsumeScores(
-    const FlashFwdParams& p, float (&s)[Traits::kBlock / 2], float (&acc_o)[Traits::kHeadDim / 2],
-    OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, const ThreadRows& rows, int mask,
-    int64_t k0, int64_t nk, uint32_t v_tile) {
-  ApplyMask<Traits::kBlock>(s, p, mask, k0, nk, rows.my_row0, rows.delta, rows.t);
-  softmax.Step(s, acc_o, p.scale_log2);
-  uint32_t pa[Traits::kBlock / 16][4];  // (64, kBlock) P as kBlock / 16 m64k16 A fragments
-  PackP<typename Traits::Elem, Traits::kBlock>(s, pa);
-  GemmPV<Traits>(acc_o, pa, v_tile);
-}
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
 

@@ -1,12 +1,26 @@
-// flash_fwd_sm90 persistent kernel: the Hopper kernel's default schedule (reported as "sm90v3").
+// flash_fwd_sm90: block-sparse attention forward for Hopper (sm_90a) with warpgroup MMA (wgmma),
+// the one Hopper prefill kernel (reported as "sm90v3").
+//
+// Same contract and semantics as flash_fwd/flash_fwd_kernel.cuh (FlashFwdParams): a work item =
+// one query block row of the layout (64 or 128 query rows; 192 at D = 64 on the implicit
+// layouts) for one (batch * segment, head); it walks the row's kept key tiles (CSR col_idx or the
+// implicit dense / causal row), applies each tile's mask kind (0 full, 1 causal diagonal, 2
+// partial = TokenRule on global positions) and the ragged-end bounds, keeps an exp2 online
+// softmax in f32, and writes O (input dtype) + LSE (natural log), or LSE-merges into an f32 O in
+// accumulate mode. Rows with no admissible key: O = 0, LSE = -inf (accumulate: untouched).
+//
 // Warp-specialized (producer and consumer warpgroups: roles, register split and the per-stage
 // protocol are in flash_fwd_sm90_warp_specialized.cuh) on a persistent grid; one consumer body,
-// ConsumeItemOverlapped below, for TMA and cp.async loads alike.
-// Layout block 128 only (block 64 runs the single-tile kernel, flash_fwd_sm90_kernel.cuh). What
-// the persistent grid adds:
-// - Grid = min(#SMs, #work items), one CTA per SM. A work item is (query-block row, head,
-//   batch * seg) of the space the single-tile kernel's grid enumerates (one CTA per item there);
-//   CTA b runs one item of each round of gridDim.x items, dealt back and forth (CtaItem).
+// ConsumeItemOverlapped below, for TMA and cp.async loads alike. The variants are type
+// combinations of Sm90PersistentTraits (consumer warpgroups x key rows per tile): layout block
+// 128 with two consumers (every layout), block 64 with one (two CTAs per SM), 192-row items with
+// three at D = 64 and 176-key tiles at D = 128 (implicit layouts); flash_fwd_sm90.cc picks one.
+// (A one-CTA-per-tile kernel, which every thread loaded for, ran layout block 64 until the
+// persistent kernel took it over 18-22% faster: bench/results/h200x2-2026-11-27-kernel4/ab-b64.)
+// What the persistent grid adds:
+// - Grid = min(#SMs x CTAs per SM, #work items), one CTA per SM (two at block 64). A work item
+//   is (query-block row, head, batch * seg); CTA b runs one item of each round of gridDim.x
+//   items, dealt back and forth (CtaItem).
 //   Item order (kernel argument `head_group`, chosen by the launcher; DecodeItem): the (head,
 //   batch * seg) pairs are cut into groups of head_group; a group's items come before the next
 //   group's, position slowest inside a group, so the heavy-first walk (the implicit causal layout

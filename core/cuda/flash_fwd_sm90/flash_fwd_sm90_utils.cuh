@@ -1,7 +1,7 @@
 // flash_fwd_sm90 PTX wrappers shared by the Hopper kernels: cp.async, proxy fences,
 // wgmma fence/commit/wait, named barriers, mbarriers, setmaxnreg, the wgmma shared-memory
 // descriptor and the 128-byte-swizzled tile addressing (layout described in
-// flash_fwd_sm90_kernel.cuh).
+// flash_fwd_sm90_mainloop.cuh).
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_UTILS_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_UTILS_CUH_
 

@@ -1,20 +1,20 @@
-// flash_fwd_sm90 warp specialization: the producer and consumer pieces of the warp-specialized
-// Hopper kernel (flash_fwd_sm90_persistent_kernel.cuh), kept apart from its grid and work-item
-// walk so that the per-stage protocol reads in one place. Math, shared-memory tile layout, wgmma
-// descriptors and epilogue are the single-tile kernel's (flash_fwd_sm90_kernel.cuh; the shared
-// functions of flash_fwd_sm90_mainloop, _mask, _softmax and _epilogue.cuh); what differs is who
-// loads and how the stages are handed over:
-// - CTA = 1 + kConsumerWarpgroups warpgroups; at layout block 128 K/V tiles of 128 keys (176 on
-//   the implicit layouts at D = 128), at block 64 one consumer warpgroup over 64-key tiles: warpgroup 0 = producer (setmaxnreg.dec to kProducerRegs; its warps 0
-//   and 1 load K/V, warp 2 loads Q, warp 3 exits), the others consumers (setmaxnreg.inc to
-//   kConsumerRegs), 64 query rows each: [0, 64) and [64, 128) of a 128-row item, as the
-//   single-tile kernel's warpgroups 0 and 1, or three of a 192-row item at D = 64.
+// flash_fwd_sm90 warp specialization: the producer and consumer pieces of the Hopper kernel
+// (flash_fwd_sm90_persistent_kernel.cuh), kept apart from its grid and work-item walk so that the
+// per-stage protocol reads in one place. Math, shared-memory tile layout and wgmma descriptors
+// are in flash_fwd_sm90_mainloop.cuh, masking, softmax and epilogue in _mask, _softmax and
+// _epilogue.cuh; here: who loads and how the stages are handed over.
+// - CTA = 1 + kConsumerWarpgroups warpgroups: warpgroup 0 = producer (setmaxnreg.dec to
+//   kProducerRegs; its warps 0 and 1 load K/V, warp 2 loads Q, warp 3 exits), the others
+//   consumers (setmaxnreg.inc to kConsumerRegs), 64 query rows each: [0, 64) and [64, 128) of a
+//   128-row item, three of a 192-row item at D = 64, or the one of a 64-row item at layout block
+//   64. K/V tiles hold a layout block's keys (128 or 64), or 176 on the implicit layouts at
+//   D = 128.
 // - K and V of a stage have their own barriers (full / empty for K, full_v / empty_v for V): the
 //   consumer is done with K(e) after S(e) but reads V(e) a tile later, under the next tile's
 //   softmax (flash_fwd_sm90_persistent_kernel.cuh: ConsumeItemOverlapped).
 // - cp.async producer warps (ProduceKvTile, WarpLoadTile), where TMA cannot address the tensors:
-//   16-byte copies into the same swizzled layout with the same zero-fill past the key end as the
-//   single-tile kernel, of each kept K/V block into the kStages ring, tile e by warp e % 2. A
+//   16-byte copies into the same swizzled layout with the same zero-fill past the key end as
+//   TMA's, of each kept K/V block into the kStages ring, tile e by warp e % 2. A
 //   warp issues K and V of its tile as two copy groups, and as each lands
 //   (cp.async.wait_group), runs fence.proxy.async.shared::cta in every writing lane (the writes
 //   are generic-proxy, wgmma reads through the async proxy; the fence is in the writing thread,
@@ -31,7 +31,8 @@
 // - Every consumer warp waits on full and arrives on empty for every tile, also when it has no
 //   work for the tile (rows past the end, causal diagonal after its rows): this keeps each
 //   barrier phase = one tile (an idle warp cannot run ahead into the next phase).
-// Register budget: 384 threads x 168 at launch (__launch_bounds__(384, 1)) = 64512; the
+// Register budget (two consumer warpgroups, 128-key tiles; the other variants' in their traits
+// below): 384 threads x 168 at launch (__launch_bounds__(384, 1)) = 64512; the
 // producer's setmaxnreg.dec to 64 frees 128 x 104 = 13312, the consumers' inc to 216 takes
 // 256 x 48 = 12288 of them (an inc that asks for more than the pool holds never returns). 56 made
 // the persistent kernel's Q warp spill; the consumer code needs no more than 168 without
@@ -39,8 +40,9 @@
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_WARP_SPECIALIZED_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_WARP_SPECIALIZED_CUH_
 
+#include <type_traits>
+
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_epilogue.cuh"
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_kernel.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_mainloop.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_softmax.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_tile_scheduler.cuh"
@@ -207,10 +209,9 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
 
 // Ping-pong between the kWgs consumer warpgroups of the warp-specialized kernel: the S GEMM
 // issues go round, S0(e), S1(e), ..., S(kWgs-1)(e), S0(e + 1), ... Warpgroup w > 0 waits on named
-// barrier w for warpgroup w - 1's S issue of this tile (as in the single-tile kernel); warpgroup
-// 0 waits on named barrier kWgs for the last warpgroup's S issue of the previous tile. That last
-// barrier replaces the single-tile kernel's per-tile __syncthreads, which bounded the
-// warpgroups' skew: without it warpgroup 0 could run a tile ahead and arrive twice on barrier 1
+// barrier w for warpgroup w - 1's S issue of this tile; warpgroup 0 waits on named barrier kWgs
+// for the last warpgroup's S issue of the previous tile. That last barrier bounds the
+// warpgroups' skew (there is no per-tile __syncthreads): without it warpgroup 0 could run a tile ahead and arrive twice on barrier 1
 // (hardware barriers count arrivals, not threads: that completes a generation without warpgroup
 // 1 and deadlocks it at the end). Every warpgroup syncs and arrives every tile, with or without
 // work; the last one skips the arrive of the row's last tile (warpgroup 0 has no sync left in

@@ -1,9 +1,0 @@
-// Instantiations of the sm90 kernel: bf16, head dims 64/128, layout blocks 64/128.
-#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
-
-namespace attnserve {
-template cudaError_t RunFlashFwdSm90Impl<64, 64, __nv_bfloat16>(const FlashFwdParams&, cudaStream_t);
-template cudaError_t RunFlashFwdSm90Impl<64, 128, __nv_bfloat16>(const FlashFwdParams&, cudaStream_t);
-template cudaError_t RunFlashFwdSm90Impl<128, 64, __nv_bfloat16>(const FlashFwdParams&, cudaStream_t);
-template cudaError_t RunFlashFwdSm90Impl<128, 128, __nv_bfloat16>(const FlashFwdParams&, cudaStream_t);
-}  // namespace attnserve
