@@ -333,7 +333,11 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
     MbarArriveLane0(bar_empty_v + 8 * pending_stage, pending ? lane : 1);  // V(e-1) read
     if (work) {
-      softmax.RescaleO(acc_o, alpha);
+      // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
+      // otherwise): a warp vote, so the branch is warp-uniform.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        softmax.RescaleO(acc_o, alpha);
+      }
       PackP<typename Traits::Elem, kBlock>(s, pa);
     } else {
       // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only

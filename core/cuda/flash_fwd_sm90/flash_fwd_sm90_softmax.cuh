@@ -16,7 +16,8 @@ namespace flash_sm90 {
 //   kHeadDim: columns of O ((64, kHeadDim) O = kHeadDim / 2 registers per thread).
 template <int kBlock, int kHeadDim>
 struct OnlineSoftmax {
-  float row_max[2];  // running max of the raw (unscaled) scores
+  static constexpr float kStaleMaxLog2 = 8.f;
+  float row_max[2];  // running max of the raw (unscaled) scores (within 2^8 of it, scaled)
   float row_sum[2];  // this thread's share of the denominator (its quad holds the rest)
 
   __device__ __forceinline__ void Reset() {
@@ -42,14 +43,28 @@ struct OnlineSoftmax {
     float scaled_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
+      static_assert(kBlock % 16 == 0, "pairs of 8-key column groups");
+      // Four independent chains over the row's kBlock / 4 scores of this thread (a chain of
+      // kBlock / 16 dependent maxima instead of kBlock / 8), then joined with the running max.
+      float m4[4] = {s[2 * h], s[2 * h + 1], s[4 + 2 * h], s[4 + 2 * h + 1]};
 #pragma unroll
-      for (int i = 0; i < kBlock / 8; ++i) {
-        mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      for (int i = 2; i < kBlock / 8; i += 2) {
+        m4[0] = fmaxf(m4[0], s[4 * i + 2 * h]);
+        m4[1] = fmaxf(m4[1], s[4 * i + 2 * h + 1]);
+        m4[2] = fmaxf(m4[2], s[4 * (i + 1) + 2 * h]);
+        m4[3] = fmaxf(m4[3], s[4 * (i + 1) + 2 * h + 1]);
       }
+      float mx = fmaxf(row_max[h], fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3])));
       // The quad (lanes 4 g .. 4 g + 3) holds the row's kBlock columns.
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A max that grew by at most 2^kStaleMaxLog2 (scaled) is not taken: the row keeps its
+      // old max, so alpha is exactly 1 and O needs no rescale (the consumer skips it where the
+      // whole warp's alphas are 1); the probabilities of this tile may then reach 2^8, which the
+      // f32 accumulators and the bf16/f16 P hold with their usual relative precision, and the
+      // epilogue's LSE (max + log sum) uses the same kept max, so the result is unchanged. A
+      // first max (row_max = -inf: the difference is +inf) is always taken.
+      if ((mx - row_max[h]) * scale_log2 <= kStaleMaxLog2) mx = row_max[h];
       // All keys masked so far: offset 0 so that exp2(-inf) = 0 rather than NaN.
       scaled_max[h] = mx == -INFINITY ? 0.f : mx * scale_log2;
       alpha[h] = Exp2(row_max[h] * scale_log2 - scaled_max[h]);
