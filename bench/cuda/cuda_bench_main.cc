@@ -59,20 +59,21 @@ int Main() {
     return 2;
   }
   opt.cuda = *cuda;
-  absl::StatusOr<Sm90QueryTile> query_tile =
-      ParseSm90QueryTile(absl::GetFlag(FLAGS_sm90_query_tile), "--sm90_query_tile");
-  if (!query_tile.ok()) {
-    std::fprintf(stderr, "attnbench_cuda: %s\n", query_tile.status().ToString().c_str());
+  // A kernel option's flag into `out`; false (after saying why) where it does not parse.
+  auto parse_into = [](auto parsed, auto& out) {
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "attnbench_cuda: %s\n", parsed.status().ToString().c_str());
+      return false;
+    }
+    out = *parsed;
+    return true;
+  };
+  if (!parse_into(ParseSm90QueryTile(absl::GetFlag(FLAGS_sm90_query_tile), "--sm90_query_tile"),
+                  opt.cuda.flash.sm90_query_tile) ||
+      !parse_into(ParseSm90KeyTile(absl::GetFlag(FLAGS_sm90_key_tile), "--sm90_key_tile"),
+                  opt.cuda.flash.sm90_key_tile)) {
     return 2;
   }
-  opt.cuda.flash.sm90_query_tile = *query_tile;
-  absl::StatusOr<Sm90KeyTile> key_tile =
-      ParseSm90KeyTile(absl::GetFlag(FLAGS_sm90_key_tile), "--sm90_key_tile");
-  if (!key_tile.ok()) {
-    std::fprintf(stderr, "attnbench_cuda: %s\n", key_tile.status().ToString().c_str());
-    return 2;
-  }
-  opt.cuda.flash.sm90_key_tile = *key_tile;
   opt.cuda.flash.sm90_tma = absl::GetFlag(FLAGS_sm90_tma);
   absl::StatusOr<CudaBenchReport> report = RunCudaBench(opt);
   if (!report.ok()) {
