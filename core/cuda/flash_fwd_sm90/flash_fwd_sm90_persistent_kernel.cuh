@@ -291,8 +291,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     const uint32_t parity = (gi / kStages) & 1u;
     MbarWait(sm.bar_full + 8 * stage, parity);
     // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it. With
-    // two consumer warpgroups it is read under the GEMMs, after the issue; with three (160
-    // registers) before the barrier. (Measured on an H200, interleaved reps, bench/results/
+    // one or two consumer warpgroups it is read under the GEMMs, after the issue; with three
+    // (160 registers) before the barrier. (Measured on an H200, interleaved reps, bench/results/
     // h200x2-2026-11-27-kernel3/ab-meta-order: after the issue dense D = 128 6%, causal 1%, 99%
     // skipped 1% faster; at D = 64 with three warpgroups 3.5% slower.) The slot is rewritten only
     // after this warpgroup's K release below.
