@@ -6,7 +6,8 @@
 # Usage (on the GPU host, bundle unpacked, FA4 installed into FA4_SITE as docs/DEVELOPERS.md
 # "GPU runs" says): NEW=/path/to/bundle FA4_SITE=/tmp/fa4site bench/ncu_vs_fa4.sh OUT [D]
 #   D = 128 (default) or 64; bf16, N = 16384, Hq = Hkv = 16, non-causal (attnbench_cuda's
-#   dense_n16384 / dense_d64_n16384).
+#   dense_n16384 / dense_d64_n16384). Without FA4_SITE only our kernel is profiled (FA4's profile
+#   of an earlier run still compares, FA4 being the same wheel).
 # Writes OUT/{own,fa4}.ncu-rep, OUT/{own,fa4}.details.txt (ncu --page details) and
 # OUT/{own,fa4}.sass.csv.gz (ncu --page source --csv --print-source sass). Timings under the
 # profiler (--clock-control none) are not figures; the ratios of counters are what it is for.
@@ -23,6 +24,7 @@ ARGS=(--clock-control none --set full --import-source yes --launch-skip 1 --laun
 timeout -k 5 240 "$NCU" "${ARGS[@]}" --kernel-name regex:FlashFwdSm90Persistent -f -o "$OUT/own" \
   "$NEW/bin/attnbench_cuda" --kernel=sm90 --cases=$CASE --warmup=1 --iters=1 > "$OUT/own.log" 2>&1
 echo "own ncu rc=$?"
+if [ -n "${FA4_SITE:-}" ]; then
 cat > "$OUT/fa4_dense.py" <<PY
 import site, sys, torch
 site.addsitedir(sys.argv[1])
@@ -33,8 +35,11 @@ for _ in range(3):
 torch.cuda.synchronize()
 PY
 timeout -k 5 300 "$NCU" "${ARGS[@]}" --kernel-name regex:'(?i)flash' -f -o "$OUT/fa4" \
-  python3 "$OUT/fa4_dense.py" "${FA4_SITE:?FA4_SITE}" > "$OUT/fa4.log" 2>&1
+  python3 "$OUT/fa4_dense.py" "$FA4_SITE" > "$OUT/fa4.log" 2>&1
 echo "fa4 ncu rc=$?"
+else
+  echo "FA4_SITE unset: our kernel only"
+fi
 for w in own fa4; do
   [ -f "$OUT/$w.ncu-rep" ] || continue
   "$NCU" --import "$OUT/$w.ncu-rep" --page details > "$OUT/$w.details.txt" 2>&1
