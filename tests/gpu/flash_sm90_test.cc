@@ -46,7 +46,6 @@ using ::attnserve::sm90_test::ForcedSm90;
 using ::attnserve::sm90_test::kLseTol;
 using ::attnserve::sm90_test::OTol;
 using ::attnserve::sm90_test::TestSchedules;
-using ::attnserve::sm90_test::TestsSchedule;
 using ::attnserve::testing::FreshSeed;
 using ::attnserve::testing::MakeRandomInputs;
 using ::attnserve::testing::PlanRunResult;
@@ -395,23 +394,20 @@ TEST(FlashSm90VsSm80Test, LargeCasesAgree) {
     HostTensor o[kRuns], lse[kRuns];
     FlashKernelOptions sm80;
     sm80.arch = FlashKernelArch::kSm80;
-    const Sm90Schedule schedules[kRuns] = {Sm90Schedule::kPersistent, Sm90Schedule::kPersistent,
-                                           Sm90Schedule::kPersistent};
+    constexpr Sm90Schedule kSchedule = Sm90Schedule::kPersistent;
     for (int i = 0; i < kRuns; ++i) {
-      if (i > 0 && !TestsSchedule(schedules[i])) continue;
-      FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(schedules[i], /*max_ctas=*/0);
+      FlashKernelOptions options = i == 0 ? sm80 : ForcedSm90(kSchedule, /*max_ctas=*/0);
       options.sm90_tma = i != kRuns - 1;
       absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
       ASSERT_TRUE(run.ok()) << run.status();
       o[i] = std::move(run->o);
       lse[i] = std::move(run->lse);
       const FlashKernel ran = run->kernel;
-      EXPECT_EQ(ran, i == 0 ? FlashKernel::kSm80 : ExpectedSm90Kernel(schedules[i]))
+      EXPECT_EQ(ran, i == 0 ? FlashKernel::kSm80 : ExpectedSm90Kernel(kSchedule))
           << FlashKernelName(ran);
     }
     for (int run = 1; run < kRuns; ++run) {
-      if (!TestsSchedule(schedules[run])) continue;
-      SCOPED_TRACE(absl::StrCat("sm90 ", std::string(Sm90ScheduleName(schedules[run])),
+      SCOPED_TRACE(absl::StrCat("sm90 ", std::string(Sm90ScheduleName(kSchedule)),
                                 run == kRuns - 1 ? " cp.async" : "", " vs sm80"));
       std::vector<float> a(o[0].numel()), b(o[run].numel()), la(lse[0].numel()),
           lb(lse[run].numel());

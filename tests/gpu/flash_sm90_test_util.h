@@ -27,12 +27,6 @@ inline constexpr int kPersistentTestCtas = 3;
 // The schedules every sm90 case runs with: the persistent one (the only one left; the tests keep
 // the loop so that a schedule added later runs every case).
 inline std::vector<Sm90Schedule> TestSchedules() { return {Sm90Schedule::kPersistent}; }
-inline bool TestsSchedule(Sm90Schedule schedule) {
-  for (const Sm90Schedule s : TestSchedules()) {
-    if (s == schedule) return true;
-  }
-  return false;
-}
 
 // The kernel a forced-sm90 launch of `schedule` runs (at either layout block).
 inline FlashKernel ExpectedSm90Kernel(Sm90Schedule schedule) {
