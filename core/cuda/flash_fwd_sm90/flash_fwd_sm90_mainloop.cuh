@@ -110,25 +110,19 @@ struct RingDescs {
   // words pinned everywhere, bench/results/h200x2-2026-11-27-kernel3/ab-slim: dense D = 128 ~3%,
   // causal 1%, 99% skipped 0.6% faster, but D = 64, three consumer warpgroups at 160 registers,
   // 2.5% slower: there the compiler decides.)
-  uint32_t q, k0, v0;
-  static constexpr uint32_t kHi = static_cast<uint32_t>(MakeDesc(0, 16, 1024) >> 32);
-  static_assert(kHi == static_cast<uint32_t>(MakeDesc(0, Traits::kPanelBytes, 1024) >> 32),
-                "the high word depends on SBO and the swizzle only");
+  uint64_t q, k0, v0;
   __device__ __forceinline__ RingDescs(uint32_t q_wg, uint32_t kv)
-      : q(static_cast<uint32_t>(MakeDesc(q_wg, 16, 1024))),
-        k0(static_cast<uint32_t>(MakeDesc(kv, 16, 1024))),
-        v0(static_cast<uint32_t>(MakeDesc(kv + Traits::kTileBytes, Traits::kPanelBytes, 1024))) {
-    if constexpr (Traits::kConsumerWarpgroups == 2) asm volatile("" : "+r"(q), "+r"(k0), "+r"(v0));
+      : q(MakeDesc(q_wg, 16, 1024)),
+        k0(MakeDesc(kv, 16, 1024)),
+        v0(MakeDesc(kv + Traits::kTileBytes, Traits::kPanelBytes, 1024)) {
+    if constexpr (Traits::kConsumerWarpgroups <= 3) asm volatile("" : "+l"(q), "+l"(k0), "+l"(v0));
   }
-  __device__ __forceinline__ static uint64_t Join(uint32_t lo) {
-    return static_cast<uint64_t>(kHi) << 32 | lo;
-  }
-  __device__ __forceinline__ uint64_t Q() const { return Join(q); }
+  __device__ __forceinline__ uint64_t Q() const { return q; }
   __device__ __forceinline__ uint64_t K(int stage) const {
-    return Join(k0 + static_cast<uint32_t>(stage) * (kStageBytes >> 4));
+    return DescAdd(k0, static_cast<uint32_t>(stage) * (kStageBytes >> 4));
   }
   __device__ __forceinline__ uint64_t V(int stage) const {
-    return Join(v0 + static_cast<uint32_t>(stage) * (kStageBytes >> 4));
+    return DescAdd(v0, static_cast<uint32_t>(stage) * (kStageBytes >> 4));
   }
 };
 

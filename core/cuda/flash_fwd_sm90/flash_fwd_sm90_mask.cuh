@@ -17,33 +17,55 @@ namespace flash_sm90 {
 // (row my_row0 + 8 (j / 2), key k0 + 8 i + 2 t + j % 2) (the wgmma m64nN f32 accumulator layout:
 // 8-key column groups i, quad lane t); rows and keys are local, `delta` = q_pos_offset -
 // k_pos_offset turns them into global positions, which the causal and TokenRule masks compare.
-// mask: 0 full (only the key end applies), 1 causal diagonal, 2 partial (TokenRule). Both tests
-// below are warpgroup-uniform, so a full, non-ragged tile costs one branch.
+// mask: 0 full (only the key end applies), 1 causal diagonal, 2 partial (TokenRule). The caller
+// skips the call for a full, non-ragged tile (mask 0 and k0 + kBlock <= nk), a test it makes in
+// key-block numbers once per tile.
+// Every rule admits an interval of keys per row, so the thread turns it into an interval
+// [lo, hi] of its column offset c = 8 i + j % 2 (key = k0 + 2 t + c) once per row, in 32 bits
+// clamped to [-1, kBlock]; each score then costs a compare with a compile-time c and a select,
+// not 64-bit position arithmetic:
+//   key < nk                  <=> c <= nk - (k0 + 2 t) - 1
+//   key <= qr (causal)        <=> c <= qr - (k0 + 2 t)
+//   |qr - key| <= window      <=> qr - (k0 + 2 t) - window <= c <= qr - (k0 + 2 t) + window
 template <int kBlock>
 __device__ __forceinline__ void ApplyMask(float (&s)[kBlock / 2], const FlashFwdParams& p, int mask,
                                           int64_t k0, int64_t nk, int64_t my_row0, int64_t delta,
                                           int t) {
-  const bool ragged = k0 + kBlock > nk;
-  if (mask == 0 && !ragged) return;
+  const int64_t base = k0 + 2 * t;  // the key of column offset 0
+  auto clamp = [](int64_t v) {
+    return static_cast<int>(v < -1 ? int64_t{-1} : (v > kBlock ? int64_t{kBlock} : v));
+  };
+  const int end = clamp(nk - base - 1);  // last admissible column offset for the key end
+  const bool causal = mask == 1 || (mask == 2 && p.rule_causal);
+  const bool window = mask == 2 && p.rule_window >= 0;
+  int lo[2], hi[2];
 #pragma unroll
-  for (int i = 0; i < kBlock / 8; ++i) {
+  for (int h = 0; h < 2; ++h) {
+    const int64_t rel = my_row0 + 8 * h + delta - base;  // qr - key of column offset 0
+    lo[h] = 0;
+    hi[h] = end;
+    if (causal) hi[h] = min(hi[h], clamp(rel));
+    if (window) {
+      hi[h] = min(hi[h], clamp(rel + p.rule_window));
+      lo[h] = clamp(rel - p.rule_window);
+    }
+  }
+  if (!window) {  // warpgroup-uniform: the lower bound is column 0
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t key = k0 + i * 8 + 2 * t + (j & 1);
-      const int64_t qr = my_row0 + 8 * (j >> 1) + delta;  // key-row coordinates
-      bool ok = key < nk;
-      if (mask == 1) {
-        ok = ok && key <= qr;
-      } else if (mask == 2) {
-        if (p.rule_causal) ok = ok && key <= qr;
-        if (p.rule_window >= 0) {
-          const int64_t d = qr - key;
-          // Both bounds evaluated (bitwise &): a branch-free window test.
-          const bool in_window = (d <= p.rule_window) & (-d <= p.rule_window);
-          ok = ok && in_window;
-        }
+    for (int i = 0; i < kBlock / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (8 * i + (j & 1) > hi[j >> 1]) s[4 * i + j] = -INFINITY;
       }
-      if (!ok) s[4 * i + j] = -INFINITY;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = 8 * i + (j & 1);
+        if (c < lo[j >> 1] || c > hi[j >> 1]) s[4 * i + j] = -INFINITY;
+      }
     }
   }
 }

@@ -100,11 +100,13 @@ __device__ __forceinline__ constexpr uint64_t MakeDesc(uint32_t smem_addr, uint3
   return d;
 }
 
-// The descriptor of (the descriptor's address + off16 * 16 bytes): a 32-bit add on the low word,
-// whose start-address field takes it without a carry while shared-memory addresses stay below
-// 2^18 (a 64-bit add would carry into the high word: two uniform instructions per k-step).
+// The descriptor of (the descriptor's address + off16 * 16 bytes): one 64-bit add, which Hopper
+// issues as a single uniform instruction (UIADD3.64) and which stays inside the start-address
+// field (no carry out of bits [0, 14)) while shared-memory addresses stay below 2^18. (A 32-bit
+// add on the low word joined with the constant high word cost an add plus a UMOV of the high word
+// per descriptor and k-step: ptxas re-sets the high word of every descriptor register pair.)
 __device__ __forceinline__ uint64_t DescAdd(uint64_t d, uint32_t off16) {
-  return (d & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(d) + off16);
+  return d + off16;
 }
 
 // Byte offset of (row, 16-byte chunk) in a swizzled (kRows, kHeadDim) tile of column panels.
