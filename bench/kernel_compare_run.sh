@@ -7,7 +7,8 @@
 # "GPU runs" describes; without FA4_SITE the FA4 columns say "not installed"):
 #   NEW=/path/to/bundle FA4_SITE=/tmp/fa4site bench/kernel_compare_run.sh OUT_DIR
 #   (BENCH_FLAGS="--sm90_key_tile=176 ..." adds attnbench_cuda flags: a kernel option measured
-#   against FA4 before it becomes the default)
+#   against FA4 before it becomes the default; TIMING=do_bench times the torch side with
+#   triton's do_bench instead of attnbench_cuda's own loop, the default, see compare_torch.py)
 # Cases (bf16, Hq = Hkv = 16, D = 128 unless named):
 #   dense_n16384, dense_n16384_causal              N = 16384, D = 128
 #   dense_d64_n16384, dense_d64_n16384_causal      N = 16384, D = 64
@@ -69,7 +70,7 @@ fi
 # 2. The alternatives on the same cases: FA4, SDPA flash / cuDNN, FlexAttention.
 if [ -f "$OUT/ours.json" ]; then
   PYTHONUNBUFFERED=1 timeout -k 5 400 "$PY" "$HERE/bench/compare_torch.py" --ours="$OUT/ours.json" \
-    --csr_dir="$OUT/csr" --cases="$CASES" --fa4-site="${FA4_SITE:-}" \
+    --csr_dir="$OUT/csr" --cases="$CASES" --fa4-site="${FA4_SITE:-}" --timing="${TIMING:-events}" \
     --json="$OUT/compare.json" --md="$OUT/compare.md" > "$OUT/compare.log" 2>&1
   say "compare_torch rc=$? (124: timeout; compare.json holds the cases done before it)"
   tail -n 5 "$OUT/compare.log"

@@ -79,7 +79,9 @@ def summarize(doc):
     fa4 = doc.get("fa4", {})
     fa4_label = (f"FlashAttention-4 {fa4.get('version')}" if fa4.get("status") == "ok"
                  else f"FlashAttention-4 {fa4.get('status', 'not recorded')}")
-    out = [f"device: {doc.get('device')}, torch {doc.get('torch')}, {fa4_label}", ""]
+    timing = doc.get("timing", "do_bench")  # compare.json files before --timing: do_bench
+    out = [f"device: {doc.get('device')}, torch {doc.get('torch')}, {fa4_label}, "
+           f"torch-side timing {timing}", ""]
 
     dense = [r for r in rows if r.get("group") in DENSE_GROUPS]
     out += ["### Dense (bf16, Hq = Hkv = 16): own kernel vs FlashAttention-4", "",
