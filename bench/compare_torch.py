@@ -18,9 +18,9 @@ Times, on the shapes of bench/cuda/cases.cc (attnbench_cuda):
              the markdown above 2e-2. FA4's first call per shape compiles (fa4_first_call_s).
 Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). Timing
 (--timing): "events" (default) is attnbench_cuda's own loop, 3 warm-up calls and the median of 20
-synchronized calls, so that every column of a case is timed the same way; "do_bench" is
-triton.testing.do_bench's median. Merges attnbench_cuda's JSON (--ours) and writes a JSON and a
-markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
+calls queued back to back between CUDA events, so that every column of a case is timed the same
+way; "do_bench" is triton.testing.do_bench's median. Merges attnbench_cuda's JSON (--ours) and
+writes a JSON and a markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
 admitted pairs come from its JSON where available).
 
 attnbench_cuda writes two rows for dense/window cases: "own" (our flash_fwd kernels) and
@@ -64,13 +64,15 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-# How bench_ms times (--timing): "events" = attnbench_cuda's loop (3 warm-up calls, then 20
-# calls each between two CUDA events and synchronized, median), so that the same-run ratios
-# against our rows compare like with like; "do_bench" = triton.testing.do_bench (time-based
+# How bench_ms times (--timing): "events" = attnbench_cuda's loop (3 warm-up calls, then 20 calls
+# queued back to back, each between its own pair of CUDA events, one synchronize at the end;
+# median), so that the same-run ratios against our rows compare like with like: GPU time per
+# call with the queue kept full, the host's per-call work (Python dispatch here, plan and launch
+# there) overlapping the previous call; "do_bench" = triton.testing.do_bench (time-based
 # repetitions with an L2 flush before each call, median). The two differ on power-capped cases:
-# do_bench's run is shorter (~50-100 ms of kernels against ~20 calls of a multi-millisecond
-# kernel), and an H200 running dense or 90%-skipped block-sparse D = 128 work back to back sits
-# at its power cap with the SM clock 10-15% below where a single launch runs.
+# do_bench's run is short (~50-100 ms of kernels) and its flushes leave gaps, while 20 calls of a
+# multi-millisecond kernel back to back keep an H200 at its power cap (dense and 90%-skipped
+# block-sparse D = 128 work: SM clock 10-15% below where a single launch runs).
 TIMING = "events"
 EVENT_WARMUP, EVENT_ITERS = 3, 20
 
@@ -82,15 +84,14 @@ def bench_ms(fn, warmup=25, rep=100):
     for _ in range(EVENT_WARMUP):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(EVENT_ITERS):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_ITERS)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_ITERS)]
+    for a, b in zip(starts, stops):
         a.record()
         fn()
         b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return float(np.median(ts))
+    torch.cuda.synchronize()
+    return float(np.median([a.elapsed_time(b) for a, b in zip(starts, stops)]))
 
 
 def once_ms(fn):

@@ -56,7 +56,8 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   constexpr bool kImplicitOnly = Traits::kItemRows != 0 || Traits::kTileKeys != 0;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
   Sm90TmaMaps maps{};
-  if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps, Traits::kBlockM) != cudaSuccess) {
+  // Q in boxes of one consumer warpgroup's 64 rows: each warpgroup's rows load on their own.
+  if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps, 64) != cudaSuccess) {
     if (kImplicitOnly) return cudaErrorNotSupported;
     tma = false;
   }

@@ -36,28 +36,40 @@
 //   producer warp G % kProducerWarps loads it. No barrier is ever re-initialised.
 // - Q is single-buffered (smem: Q + 3 K/V stages = 7 x 32 KB at D = 128 already fills the
 //   227 KB; a second Q tile would cost a K/V stage, and at 99% sparsity a row has ~5 tiles, so a
-//   2-stage ring would expose the load latency on every tile). Q has its own producer warp
-//   (warp 2 of the producer warpgroup; warps 0 and 1 load K/V only and never wait for Q). Two Q
-//   barriers: q_full (count 32, the Q warp per item) and q_empty (count 8: one lane per consumer
-//   warp per item). A consumer warp arrives on q_empty as soon as its S wgmma of the item's LAST
-//   tile completed (wgmma.wait_group 0 after the S GEMM; or at once for an item with no tile).
-//   The Q warp waits on q_empty of item j - 1, loads Q of item j, waits for it and arrives on
-//   q_full, then prefetches item j + 1's Q rows into L2 (cp.async.bulk.prefetch.L2): the next Q
-//   loads from L2 while the consumers run the last softmax, the last P V and the epilogue of
-//   item j - 1. (Measured on an H200 before this split: with Q loaded by K/V warp 0, whose
-//   q_full arrive waited for its first tile's free stage, the consumers spent ~18% of their
-//   stall samples waiting for Q at 99% skipped.)
-//   Consumers wait on q_full (parity = local item count & 1) for EVERY item, also an empty one,
-//   so a phase is never skipped (a parity wait on a skipped phase would return at once).
-// - Ping-pong named barriers: per item as PingPongBeforeScores / PingPongAfterScores say
-//   (warpgroup 0 syncs barrier 2 for e > 0, warpgroup 1 arrives on it for e + 1 < count). Across
-//   items it stays balanced: warpgroup 0's first arrive on barrier 1 in item j + 1 needs
-//   q_full(j + 1), hence q_empty(j), hence every warp of warpgroup 1 past its last barrier-1 sync
-//   of item j (its q_empty arrive follows it).
+//   2-stage ring would expose the load latency on every tile), but per consumer warpgroup: Q has
+//   its own producer warp (warp 2 of the producer warpgroup; warps 0 and 1 load K/V only and
+//   never wait for Q), and each consumer warpgroup h has its own 64 Q rows, metadata slot and
+//   pair of barriers: q_full[h] (count 1 with TMA: the Q warp's arrive.expect_tx; 32 with
+//   cp.async) and q_empty[h] (count 4: one lane per warp of warpgroup h). A consumer warp arrives
+//   on its q_empty as soon as its S wgmma of the item's LAST tile completed (wgmma.wait_group
+//   after the S GEMM; or at once for an item with no tile). The Q warp waits on q_empty[h] of
+//   item j - 1, publishes h's metadata, loads h's rows of item j (one TMA box per panel) and
+//   arms q_full[h], for h = 0, 1, ...; then prefetches item j + 1's Q rows into L2
+//   (cp.async.bulk.prefetch.L2): a warpgroup's next Q loads from L2 while it runs its last
+//   softmax, its last P V and its epilogue, and it starts the next item without waiting for the
+//   other warpgroup to finish the current one. (Measured on an H200, h200x2-2026-11-28-kernel5/
+//   ab-qwg, medians of seven interleaved reps against one Q barrier pair for the whole tile:
+//   random 90% skipped 0.962x, local_window 90% 0.986x, 99% and dense level. The 90% cases run
+//   at the power cap and land in two groups ~10% apart, so the gain is inside their spread; it
+//   stays as the simpler protocol for the warpgroups, not as a proven speed-up. Before Q had its
+//   own warp, with Q loaded by K/V warp 0, the consumers spent ~18% of their stall samples
+//   waiting for Q at 99% skipped.)
+//   The cp.async fallback loads the whole tile once every warpgroup released it and arrives on
+//   every q_full[h].
+//   Consumers wait on q_full[h] (parity = local item count & 1) for EVERY item, also an empty
+//   one, so a phase is never skipped (a parity wait on a skipped phase would return at once).
+// - Ping-pong named barriers (PingPongBeforeScores / PingPongAfterScores) run on across items,
+//   as one sequence over the CTA's tiles: warpgroup 0 syncs barrier kWgs before every S GEMM but
+//   the CTA's first, the last warpgroup arrives on it after every S GEMM but the CTA's last (an
+//   item of the last round with no tile can leave one arrive unmatched at exit). So warpgroup 0
+//   starts item j + 1 right after the last warpgroup issued its last S GEMM of item j, and no
+//   warpgroup can arrive twice on a barrier before its partner synced (which would complete a
+//   generation without the partner).
 // - Item metadata (query-block row, kept-tile count, head index, z) is published by the Q warp
-//   (lane 0) in an smem slot with Q (written after q_empty of the previous item, released
-//   by the q_full arrive): the consumers read it right after the q_full wait, so they do no
-//   dependent global loads (row_order, row_ptr) on their critical path between items.
+//   (lane 0) in warpgroup h's smem slot with h's Q rows (written after q_empty[h] of the previous
+//   item, released by the q_full[h] arrive): the consumers read it right after the q_full wait,
+//   so they do no dependent global loads (row_order, row_ptr) on their critical path between
+//   items.
 // - Every item's state (accumulators, max, sum) is reset per item; the epilogue
 //   (flash_fwd_sm90_epilogue.cuh) writes straight from registers to global memory, so it
 //   overlaps the producer's smem writes.
@@ -80,14 +92,16 @@ template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBloc
 struct Sm90PersistentTraits
     : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_, kBlockN_> {
   using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_, kBlockN_>;
-  // Tiles, then the barriers: full[kStages], empty[kStages], q_full, q_empty (8 B each), then
-  // per stage (key block, mask kind) as two int32, then the item's (row, count, y, z).
+  // Tiles, then the barriers: full[kStages], empty[kStages], q_full[kConsumerWarpgroups],
+  // q_empty[kConsumerWarpgroups] (8 B each), then per stage (key block, mask kind) as two int32,
+  // then per consumer warpgroup the item's (row, count, y, z).
   static constexpr int kBarOffset = Roles::kQTileBytes + Roles::kTileBytes * 2 * Roles::kStages;
-  static constexpr int kMetaOffset = kBarOffset + 8 * (2 * Roles::kStages + 2);
+  static constexpr int kMetaOffset =
+      kBarOffset + 8 * (2 * Roles::kStages + 2 * Roles::kConsumerWarpgroups);
   static constexpr int kItemMetaOffset = kMetaOffset + 8 * Roles::kStages;
   // The V halves' barriers: full_v[kStages], empty_v[kStages] (full and empty above guard the K
   // halves of the stages only).
-  static constexpr int kVBarOffset = kItemMetaOffset + 16;
+  static constexpr int kVBarOffset = kItemMetaOffset + 16 * Roles::kConsumerWarpgroups;
   static constexpr int kSmemBytes = kVBarOffset + 16 * Roles::kStages + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
 };
@@ -192,13 +206,16 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   __syncwarp();
 }
 
-// Q warp: each item's Q (after the consumers released the previous one) and its metadata
-// (row, count, y, z; released with Q by the q_full arrive, so the consumers do no dependent
-// global loads between items); then the next item's Q rows are prefetched into L2, a whole item
-// ahead of their load.
-// kTma: lane 0 arms q_full with the tile's bytes (q_full counts 1 then) and issues one TMA box per
-// 64-column panel (rows past the query end zero-filled); otherwise every lane loads by cp.async,
-// waits, fences and arrives (q_full counts 32).
+// Q warp: each item's Q and its metadata (row, count, y, z; released with Q by the q_full
+// arrive, so the consumers do no dependent global loads between items), per consumer warpgroup:
+// warpgroup h's 64 rows and metadata slot are reloaded as soon as h released the previous item's
+// (q_empty[h]), so a warpgroup that finished its item starts the next one while the other still
+// runs its last tiles; then the next item's Q rows are prefetched into L2, a whole item ahead of
+// their load.
+// kTma: lane 0 arms q_full[h] with the rows' bytes (q_full counts 1 then) and issues one TMA box
+// (64 rows) per 64-column panel (rows past the query end zero-filled); otherwise every lane loads
+// the whole tile by cp.async once every warpgroup released it, waits, fences and arrives on every
+// q_full[h] (count 32).
 template <typename Traits, bool kTma>
 __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
                                                    const WarpSpecializedSmem& sm, int* item_meta,
@@ -206,43 +223,56 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
                                                    const CUtensorMap* tma_q, int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM;  // query rows of an item
+  constexpr int kWgs = Traits::kConsumerWarpgroups;
   const int64_t n = p.seqlen;
   const int hz = p.num_heads * (p.batch * p.num_segs);
-  const uint32_t bar_q_empty = sm.bar_q + 8;
+  const uint32_t bar_q_empty = sm.bar_q + 8 * kWgs;
   uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
     const WorkItem w =
         DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys>(p, item, hz, head_group);
-    const Elem* q_base = QBase<Elem>(p, w.y, w.z);
-    // Q of the previous item: every consumer warp issued and completed its last S GEMM.
-    if (local > 0) MbarWait(bar_q_empty, (local - 1) & 1u);
+    auto publish = [&](int h) {  // warpgroup h's metadata slot
+      item_meta[4 * h + 0] = w.row;
+      item_meta[4 * h + 1] = w.count;
+      item_meta[4 * h + 2] = w.y;
+      item_meta[4 * h + 3] = w.z;
+    };
     if constexpr (kTma) {
-      if (lane == 0) {  // the metadata is released to the consumers by this lane's arrive
-        item_meta[0] = w.row;
-        item_meta[1] = w.count;
-        item_meta[2] = w.y;
-        item_meta[3] = w.z;
-        MbarArriveExpectTx(sm.bar_q, Traits::kQTileBytes);
+      if (lane == 0) {  // the metadata is released to warpgroup h by this lane's arrive
         const int head = p.head_start + w.y * p.head_step;
 #pragma unroll
-        for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
-          TmaLoad5d(sm.q + panel * Traits::kQPanelBytes, tma_q, sm.bar_q, panel * 64,
-                    w.row * kBlockM, head, w.z % p.num_segs, w.z / p.num_segs);
+        for (int h = 0; h < kWgs; ++h) {
+          // Warpgroup h's rows of the previous item: its every warp issued and completed its
+          // last S GEMM.
+          if (local > 0) MbarWait(bar_q_empty + 8 * h, (local - 1) & 1u);
+          publish(h);
+          MbarArriveExpectTx(sm.bar_q + 8 * h, Traits::kQTileBytes / kWgs);
+#pragma unroll
+          for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
+            TmaLoad5d(sm.q + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q, sm.bar_q + 8 * h,
+                      panel * 64, w.row * kBlockM + h * 64, head, w.z % p.num_segs,
+                      w.z / p.num_segs);
+          }
         }
       }
+      __syncwarp();
     } else {
+      if (local > 0) {
+#pragma unroll
+        for (int h = 0; h < kWgs; ++h) MbarWait(bar_q_empty + 8 * h, (local - 1) & 1u);
+      }
+      const Elem* q_base = QBase<Elem>(p, w.y, w.z);
       WarpLoadTile<kBlockM, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
                                              static_cast<int64_t>(w.row) * kBlockM, n, lane);
       CpAsyncCommit();
-      if (lane == 0) {  // released to the consumers by this lane's q_full arrive
-        item_meta[0] = w.row;
-        item_meta[1] = w.count;
-        item_meta[2] = w.y;
-        item_meta[3] = w.z;
+      if (lane == 0) {  // released to the consumers by this lane's q_full arrives
+#pragma unroll
+        for (int h = 0; h < kWgs; ++h) publish(h);
       }
       CpAsyncWait<0>();
       FenceProxyAsyncShared();
-      MbarArrive(sm.bar_q);
+#pragma unroll
+      for (int h = 0; h < kWgs; ++h) MbarArrive(sm.bar_q + 8 * h);
     }
     const int next = CtaItem(static_cast<int>(local) + 1);
     if (next < num_items) {
@@ -277,7 +307,8 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 template <typename Traits, typename OnScores>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
-    uint32_t bar_empty_v, uint32_t gbase, int count, int wg, int lane, const ConsumerRow& cr,
+    uint32_t bar_empty_v, uint32_t gbase, int count, bool last_item, int wg, int lane,
+    const ConsumerRow& cr,
     const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, OnScores on_scores) {
   constexpr int kBlock = Traits::kBlock;
@@ -324,7 +355,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
 
     float s[kBlock / 2];
-    PingPongBeforeScores<Traits::kConsumerWarpgroups>(wg, e == 0);
+    PingPongBeforeScores<Traits::kConsumerWarpgroups>(wg, gi == 0);
     // S(e) is issued also for a tile without work (its result is not read): a conditional S
     // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
     // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
@@ -333,7 +364,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
     IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, pa,
                              descs.V(pending_stage), pending);
-    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, e + 1 == count);
+    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, last_item && e + 1 == count);
     if constexpr (kMetaUnderGemms) read_meta();
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? lane : 1);
@@ -390,18 +421,22 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   int wg, int warp, int lane) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kHeadDim = Traits::kHeadDim;
-  const uint32_t bar_q_empty = sm.bar_q + 8;
+  // This warpgroup's Q rows: landed / released, and its metadata slot.
+  const uint32_t bar_q_full = sm.bar_q + 8 * wg;
+  const uint32_t bar_q_empty = sm.bar_q + 8 * (Traits::kConsumerWarpgroups + wg);
+  const int* const meta = item_meta + 4 * wg;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
 
   uint32_t gbase = 0;  // global tile index of the item's first tile
   uint32_t local = 0;  // items of this CTA so far
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
-    // Q and the metadata of this item (the Q warp).
-    MbarWait(sm.bar_q, local & 1u);
-    const int row = item_meta[0];
-    const int count = item_meta[1];
-    const int y = item_meta[2];
-    const int z = item_meta[3];
+    // Q rows and the metadata of this item (the Q warp).
+    MbarWait(bar_q_full, local & 1u);
+    const int row = meta[0];
+    const int count = meta[1];
+    const int y = meta[2];
+    const int z = meta[3];
+    const bool last_item = CtaItem(static_cast<int>(local) + 1) >= num_items;
 
     float acc_o[kHeadDim / 2];  // (64, kHeadDim) O of this warpgroup, wgmma accumulator layout
 #pragma unroll
@@ -413,8 +448,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
     const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
 
-    ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, wg, lane, cr,
-                                  rows, nk, acc_o, softmax, [&](int arrive_lane) {
+    ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, last_item, wg,
+                                  lane, cr, rows, nk, acc_o, softmax, [&](int arrive_lane) {
                                     MbarArriveLane0(bar_q_empty, arrive_lane);
                                   });
     if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
@@ -442,7 +477,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
                          const __grid_constant__ CUtensorMap tma_v) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   extern __shared__ unsigned char smem_raw[];
-  // Traits' offsets (kMetaOffset after q_empty's 8 bytes); q_empty = bar_q + 8.
+  // Traits' offsets; q_full[h] = bar_q + 8 h, q_empty[h] = bar_q + 8 (kConsumerWarpgroups + h).
   const WarpSpecializedSmem sm = MakeWarpSpecializedSmem<Traits>(smem_raw);
   int* const item_meta = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(sm.meta) +
                                                 (Traits::kItemMetaOffset - Traits::kMetaOffset));
@@ -468,9 +503,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
       MbarInit(bar_empty_v + 8 * s, 4 * Traits::kConsumerWarpgroups);
       MbarInit(sm.bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // a lane per consumer warp
     }
-    // q_full: the TMA lane's arrive, or every lane of the Q warp (producer warp kProducerWarps).
-    MbarInit(sm.bar_q, kTma ? 1 : 32);
-    MbarInit(sm.bar_q + 8, 4 * Traits::kConsumerWarpgroups);  // q_empty: a lane per consumer warp
+#pragma unroll
+    for (int h = 0; h < Traits::kConsumerWarpgroups; ++h) {
+      // q_full[h]: the TMA lane's arrive, or every lane of the Q warp (producer warp
+      // kProducerWarps); q_empty[h]: a lane per warp of consumer warpgroup h.
+      MbarInit(sm.bar_q + 8 * h, kTma ? 1 : 32);
+      MbarInit(sm.bar_q + 8 * (Traits::kConsumerWarpgroups + h), 4);
+    }
     if constexpr (kTma) FenceMbarrierInit();
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below

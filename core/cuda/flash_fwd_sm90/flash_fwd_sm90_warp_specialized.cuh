@@ -138,14 +138,16 @@ __device__ __forceinline__ void WarpLoadTile(uint32_t smem, const Elem* gbase, i
 
 // Shared memory of the warp-specialized kernel (shared-window addresses, at the offsets of its
 // Traits): the tiles, then the mbarriers, then the per-stage tile metadata. The persistent kernel
-// finds q_empty (bar_q + 8), its item metadata and the split V barriers from these.
+// finds q_empty[h] (bar_q + 8 (kConsumerWarpgroups + h)), its item metadata and the split V
+// barriers from these.
 struct WarpSpecializedSmem {
   uint32_t q;          // (kBlockM, kHeadDim) Q tile
   uint32_t kv;         // stage s: (kBlock, kHeadDim) K at kv + 2 s tiles, V right after it
   uint32_t bar_full;   // + 8 s: stage s landed (count 32: the lanes of the warp that loaded it;
                        // 1 with TMA: the issuing lane's arrive.expect_tx)
   uint32_t bar_empty;  // + 8 s: stage s released (count 8: one lane per consumer warp)
-  uint32_t bar_q;      // Q landed (count 32: the Q warp; 1 with TMA)
+  uint32_t bar_q;      // + 8 h: consumer warpgroup h's Q rows landed (count 32: the Q warp;
+                       // 1 with TMA)
   int* meta;           // [2 s], [2 s + 1]: key block and mask kind of the tile in stage s
 };
 template <typename Traits>
@@ -211,11 +213,13 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
 // issues go round, S0(e), S1(e), ..., S(kWgs-1)(e), S0(e + 1), ... Warpgroup w > 0 waits on named
 // barrier w for warpgroup w - 1's S issue of this tile; warpgroup 0 waits on named barrier kWgs
 // for the last warpgroup's S issue of the previous tile. That last barrier bounds the
-// warpgroups' skew (there is no per-tile __syncthreads): without it warpgroup 0 could run a tile ahead and arrive twice on barrier 1
-// (hardware barriers count arrivals, not threads: that completes a generation without warpgroup
-// 1 and deadlocks it at the end). Every warpgroup syncs and arrives every tile, with or without
-// work; the last one skips the arrive of the row's last tile (warpgroup 0 has no sync left in
-// that row). `wg` is warp-uniform (shuffled), so these branches do not serialize the wgmma.
+// warpgroups' skew (there is no per-tile __syncthreads): without it warpgroup 0 could run a tile
+// ahead and arrive twice on barrier 1 (hardware barriers count arrivals, not threads: that
+// completes a generation without warpgroup 1 and deadlocks it at the end). Every warpgroup syncs
+// and arrives every tile, with or without work, in one sequence over the CTA's tiles (items
+// included): warpgroup 0 skips the sync of the CTA's first tile (`first`), the last warpgroup
+// the arrive of the CTA's last (`last`). `wg` is warp-uniform (shuffled), so these branches do
+// not serialize the wgmma.
 template <int kWgs>
 __device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
   if constexpr (kWgs == 1) return;  // one consumer warpgroup (block 64): nothing to alternate
