@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engine table rows (core/cuda/engine_table.h) from attnbench_cuda results.
 
-  bench/engine_table.py [--gpu NAME] [--source DIR] [--no-header] BENCH.json [BENCH.json ...]
+  bench/engine_table.py [--gpu NAME] [--source DIR] [--no-header] [--mean] BENCH.json [...]
 
 For each dense or window case of the files, pairs the "own" row (our kernel) with the "attnserve"
 row that ran cuDNN (engine "cudnn") and prints one CSV row of the server's engine table:
@@ -13,7 +13,8 @@ gpu is --gpu, else the file's "device" (cudaDeviceProp::name, as the server matc
 reason on stderr, when a row is missing or failed (error or check), when the attnserve row did not
 run cuDNN, or when its dtype is f32 (the table has bf16/f16 rows; f32 requests use the bf16 ones).
 Block-sparse and dilated cases have no cuDNN row and are skipped silently. Two rows for the same
-case (gpu, dtype, head_dim, causal, pattern, tokens) are an error: the server refuses such a table.
+case (gpu, dtype, head_dim, causal, pattern, tokens) are an error: the server refuses such a table;
+with --mean the files are repeated runs and each case gets one row of mean times.
 Append the output (with --no-header) to the built-in table in core/cuda/engine_table.cc or write
 it to a file for `attnserve --engine-table FILE`. Standard library only.
 """
@@ -89,12 +90,15 @@ def csv_line(row):
                      f"{row['own_ms']:.6g}", f"{row['cudnn_ms']:.6g}", row["source"]])
 
 
-def table_lines(paths, gpu=None, source=None, header=True, log=None):
-    """The CSV lines for the files, sorted by case; ValueError for a case given twice. The cases
-    left out are listed on `log` (default: stderr)."""
+def table_lines(paths, gpu=None, source=None, header=True, log=None, mean=False):
+    """The CSV lines for the files, sorted by case; ValueError for a case given twice, unless
+    `mean`: then the rows of a case (repeated runs of the same cases) become one row with the
+    mean own and cuDNN times, which is what the server decides on. The cases left out are listed
+    on `log` (default: stderr)."""
     log = log or sys.stderr
     seen = {}  # case key -> the file it came from
     rows = []
+    repeats = {}  # case key -> the rows of that case (mean)
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
@@ -104,10 +108,19 @@ def table_lines(paths, gpu=None, source=None, header=True, log=None):
             print(f"{path}: skipped {s}", file=log)
         for row in file_rows:
             key = case_key(row)
+            if mean:
+                repeats.setdefault(key, []).append(row)
+                continue
             if key in seen:
-                raise ValueError(f"{path}: case {key} is also in {seen[key]}; keep one of them")
+                raise ValueError(f"{path}: case {key} is also in {seen[key]}; keep one of them "
+                                 "(or --mean)")
             seen[key] = path
             rows.append(row)
+    for group in repeats.values():
+        row = dict(group[0])
+        row["own_ms"] = sum(r["own_ms"] for r in group) / len(group)
+        row["cudnn_ms"] = sum(r["cudnn_ms"] for r in group) / len(group)
+        rows.append(row)
     rows.sort(key=case_key)
     return ([HEADER] if header else []) + [csv_line(r) for r in rows]
 
@@ -120,9 +133,11 @@ def main(argv=None):
     p.add_argument("--source", help="the source column: the results directory (default: each "
                    "file's directory)")
     p.add_argument("--no-header", action="store_true", help="rows only (to append to a table)")
+    p.add_argument("--mean", action="store_true", help="files are repeated runs of the same cases: "
+                   "one row per case with the mean times (else a case in two files is an error)")
     a = p.parse_args(argv)
     try:
-        lines = table_lines(a.bench_json, a.gpu, a.source, header=not a.no_header)
+        lines = table_lines(a.bench_json, a.gpu, a.source, header=not a.no_header, mean=a.mean)
     except (OSError, ValueError, KeyError) as e:
         print(f"engine_table: {e}", file=sys.stderr)
         return 1

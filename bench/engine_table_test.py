@@ -16,8 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import engine_table  # noqa: E402
 
-H200_RUN = "bench/results/h200x2-2026-11-27-kernel3/engine-table"
-H200_FILE = "bench_1.json"  # the run the built-in rows come from (bench_2.json: the repeat)
+H200_RUN = "bench/results/h200x2-2026-11-28-kernel5/engine-table"
+H200_FILES = ("bench_1.json", "bench_2.json")  # the built-in rows: their means (--mean)
 FAILURES = []
 
 
@@ -63,8 +63,8 @@ def made_up_report():
 
 def main():
     # The built-in table's rows of the H200 run are exactly what the converter prints for it.
-    lines = engine_table.table_lines([os.path.join(ROOT, H200_RUN, H200_FILE)],
-                                     source=H200_RUN, header=False, log=io.StringIO())
+    lines = engine_table.table_lines([os.path.join(ROOT, H200_RUN, f) for f in H200_FILES],
+                                     source=H200_RUN, header=False, log=io.StringIO(), mean=True)
     builtin = builtin_lines()
     expect(builtin[0] == engine_table.HEADER, f"built-in header: {builtin[0]!r}")
     expect(sorted(line for line in builtin[1:] if line.endswith(H200_RUN)) == sorted(lines),
@@ -98,6 +98,18 @@ def main():
         with contextlib.redirect_stderr(err):
             rc = engine_table.main([path, path])
         expect(rc == 1 and "is also in" in err.getvalue(), f"duplicate: rc {rc}, {err.getvalue()}")
+        # Repeated runs with --mean: one row per case, the mean of the times.
+        doc = made_up_report()
+        for r in doc["results"]:
+            r["ms_median"] = r["ms_median"] * 3
+        path2 = os.path.join(tmp, "bench_2.json")
+        with open(path2, "w") as f:
+            json.dump(doc, f)
+        lines = engine_table.table_lines([path, path2], source="runs", header=False,
+                                         log=io.StringIO(), mean=True)
+        expect(lines == ["NVIDIA H100 80GB HBM3,bf16,64,true,window,65536,6,5,runs",
+                         "NVIDIA H100 80GB HBM3,bf16,128,false,dense,4096,2,4,runs"],
+               f"--mean rows: {lines}")
         # No GPU name anywhere.
         with open(path, "w") as f:
             json.dump({"results": []}, f)

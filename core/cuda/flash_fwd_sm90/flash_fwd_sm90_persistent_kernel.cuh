@@ -58,13 +58,12 @@
 //   every q_full[h].
 //   Consumers wait on q_full[h] (parity = local item count & 1) for EVERY item, also an empty
 //   one, so a phase is never skipped (a parity wait on a skipped phase would return at once).
-// - Ping-pong named barriers (PingPongBeforeScores / PingPongAfterScores) run on across items,
-//   as one sequence over the CTA's tiles: warpgroup 0 syncs barrier kWgs before every S GEMM but
-//   the CTA's first, the last warpgroup arrives on it after every S GEMM but the CTA's last (an
-//   item of the last round with no tile can leave one arrive unmatched at exit). So warpgroup 0
-//   starts item j + 1 right after the last warpgroup issued its last S GEMM of item j, and no
-//   warpgroup can arrive twice on a barrier before its partner synced (which would complete a
-//   generation without the partner).
+// - Ping-pong named barriers (PingPong) run on across items, as one sequence over the CTA's
+//   tiles: warpgroup 0 syncs barrier kWgs before every S GEMM (the last warpgroup arrives on it
+//   once at the start, then after every S GEMM; its last arrive stays unmatched at exit). So
+//   warpgroup 0 starts item j + 1 right after the last warpgroup issued its last S GEMM of item j,
+//   and no warpgroup can arrive twice on a barrier before its partner synced (which would
+//   complete a generation without the partner).
 // - Item metadata (query-block row, kept-tile count, head index, z) is published by the Q warp
 //   (lane 0) in warpgroup h's smem slot with h's Q rows (written after q_empty[h] of the previous
 //   item, released by the q_full[h] arrive): the consumers read it right after the q_full wait,
@@ -307,8 +306,8 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 template <typename Traits, typename OnScores>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
-    uint32_t bar_empty_v, uint32_t gbase, int count, bool last_item, int wg, int lane,
-    const ConsumerRow& cr,
+    uint32_t bar_empty_v, uint32_t gbase, int count, const PingPong<Traits::kConsumerWarpgroups>& pp,
+    int lane, const ConsumerRow& cr,
     const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, OnScores on_scores) {
   constexpr int kBlock = Traits::kBlock;
@@ -355,7 +354,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
 
     float s[kBlock / 2];
-    PingPongBeforeScores<Traits::kConsumerWarpgroups>(wg, gi == 0);
+    pp.BeforeScores();
     // S(e) is issued also for a tile without work (its result is not read): a conditional S
     // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
     // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
@@ -364,7 +363,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
     IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, pa,
                              descs.V(pending_stage), pending);
-    PingPongAfterScores<Traits::kConsumerWarpgroups>(wg, last_item && e + 1 == count);
+    pp.AfterScores();
     if constexpr (kMetaUnderGemms) read_meta();
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? lane : 1);
@@ -427,6 +426,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   const int* const meta = item_meta + 4 * wg;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
 
+  const PingPong<Traits::kConsumerWarpgroups> pp(wg);
+  pp.Start(wg);
   uint32_t gbase = 0;  // global tile index of the item's first tile
   uint32_t local = 0;  // items of this CTA so far
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
@@ -436,7 +437,6 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const int count = meta[1];
     const int y = meta[2];
     const int z = meta[3];
-    const bool last_item = CtaItem(static_cast<int>(local) + 1) >= num_items;
 
     float acc_o[kHeadDim / 2];  // (64, kHeadDim) O of this warpgroup, wgmma accumulator layout
 #pragma unroll
@@ -448,8 +448,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
     const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
 
-    ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, last_item, wg,
-                                  lane, cr, rows, nk, acc_o, softmax, [&](int arrive_lane) {
+    ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, cr,
+                                  rows, nk, acc_o, softmax, [&](int arrive_lane) {
                                     MbarArriveLane0(bar_q_empty, arrive_lane);
                                   });
     if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q

@@ -26,7 +26,7 @@
 //   empty[stage] once its S GEMM completed and on empty_v[stage] once its P V GEMM did (count
 //   4 x kConsumerWarpgroups: all consumer warps). The producer waits on them before overwriting
 //   a half. No __syncthreads in the loop; the warpgroups' GEMM issues go round through named
-//   barriers (PingPongBeforeScores / PingPongAfterScores), which also bound their skew to one
+//   barriers (PingPong), which also bound their skew to one
 //   tile now that no CTA barrier does.
 // - Every consumer warp waits on full and arrives on empty for every tile, also when it has no
 //   work for the tile (rows past the end, causal diagonal after its rows): this keeps each
@@ -217,27 +217,31 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
 // ahead and arrive twice on barrier 1 (hardware barriers count arrivals, not threads: that
 // completes a generation without warpgroup 1 and deadlocks it at the end). Every warpgroup syncs
 // and arrives every tile, with or without work, in one sequence over the CTA's tiles (items
-// included): warpgroup 0 skips the sync of the CTA's first tile (`first`), the last warpgroup
-// the arrive of the CTA's last (`last`). `wg` is warp-uniform (shuffled), so these branches do
-// not serialize the wgmma.
+// included). The last warpgroup arrives on barrier kWgs once before its first tile (Start), so
+// that warpgroup 0's first sync needs no exception, and its arrive after the CTA's last tile is
+// left unmatched at exit (as FlashAttention-3's scheduler barriers do): the barrier ids are
+// computed once and the per-tile path holds one bar.sync before the GEMM issue and one
+// bar.arrive after it, no branch. `wg` is warp-uniform (shuffled).
 template <int kWgs>
-__device__ __forceinline__ void PingPongBeforeScores(int wg, bool first) {
-  if constexpr (kWgs == 1) return;  // one consumer warpgroup (block 64): nothing to alternate
-  if (wg > 0) {
-    NamedBarSync(wg, 256);
-  } else if (!first) {
-    NamedBarSync(kWgs, 256);
+struct PingPong {
+  int sync_id;    // the barrier this warpgroup waits on before its S GEMM
+  int arrive_id;  // the barrier it arrives on after its GEMM issue
+  __device__ __forceinline__ explicit PingPong(int wg)
+      : sync_id(wg > 0 ? wg : kWgs), arrive_id(wg + 1 < kWgs ? wg + 1 : kWgs) {
+    asm volatile("" : "+r"(sync_id), "+r"(arrive_id));  // kept, not recomputed per tile
   }
-}
-template <int kWgs>
-__device__ __forceinline__ void PingPongAfterScores(int wg, bool last) {
-  if constexpr (kWgs == 1) return;
-  if (wg + 1 < kWgs) {
-    NamedBarArrive(wg + 1, 256);
-  } else if (!last) {
-    NamedBarArrive(kWgs, 256);
+  __device__ __forceinline__ void Start(int wg) const {
+    if constexpr (kWgs > 1) {
+      if (wg == kWgs - 1) NamedBarArrive(kWgs, 256);
+    }
   }
-}
+  __device__ __forceinline__ void BeforeScores() const {
+    if constexpr (kWgs > 1) NamedBarSync(sync_id, 256);
+  }
+  __device__ __forceinline__ void AfterScores() const {
+    if constexpr (kWgs > 1) NamedBarArrive(arrive_id, 256);
+  }
+};
 
 // Where a consumer warpgroup of the warp-specialized kernel stands in the current row (work
 // item).
