@@ -16,10 +16,8 @@ Times, on the shapes of bench/cuda/cases.cc (attnbench_cuda):
              time. Its output is checked against SDPA flash (dense) or FlexAttention (sparse) on
              the same inputs: fa4_check = max |diff| / max |O| and the non-finite count, FAIL in
              the markdown above 2e-2. FA4's first call per shape compiles (fa4_first_call_s).
-Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). Timing
-(--timing): "events" (default) is attnbench_cuda's own loop, 3 warm-up calls and the median of 20
-calls queued back to back between CUDA events, so that every column of a case is timed the same
-way; "do_bench" is triton.testing.do_bench's median. Merges attnbench_cuda's JSON (--ours) and
+Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). Timing: --timing
+(TIMING below), by default attnbench_cuda's own loop. Merges attnbench_cuda's JSON (--ours) and
 writes a JSON and a markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
 admitted pairs come from its JSON where available).
 
@@ -64,15 +62,10 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-# How bench_ms times (--timing): "events" = attnbench_cuda's loop (3 warm-up calls, then 20 calls
-# queued back to back, each between its own pair of CUDA events, one synchronize at the end;
-# median), so that the same-run ratios against our rows compare like with like: GPU time per
-# call with the queue kept full, the host's per-call work (Python dispatch here, plan and launch
-# there) overlapping the previous call; "do_bench" = triton.testing.do_bench (time-based
-# repetitions with an L2 flush before each call, median). The two differ on power-capped cases:
-# do_bench's run is short (~50-100 ms of kernels) and its flushes leave gaps, while 20 calls of a
-# multi-millisecond kernel back to back keep an H200 at its power cap (dense and 90%-skipped
-# block-sparse D = 128 work: SM clock 10-15% below where a single launch runs).
+# --timing: "events" = attnbench_cuda's loop (3 warm-up calls, 20 calls queued back to back
+# between per-call CUDA events, one synchronize; median): GPU time per call with the host's
+# dispatch overlapped, as for our rows. "do_bench" = triton's (an L2 flush before each call; the
+# GPU waits for the host inside its events, which charges FA4's ~0.25 ms Python dispatch to it).
 TIMING = "events"
 EVENT_WARMUP, EVENT_ITERS = 3, 20
 
