@@ -105,11 +105,12 @@ struct RingDescs {
   static constexpr uint32_t kStageBytes = 2u * Traits::kTileBytes;  // K then V of one stage
   // Whole 64-bit descriptors (the high words, SBO 1024 and the 128-byte swizzle, are constants),
   // so that a stage's or k-step's descriptor is one 64-bit add (UIADD3.64) of them. They are
-  // pinned in registers (an empty asm that "changes" them) in every variant: otherwise the compiler rebuilds them
-  // from the shared-memory base at every use, right after the ping-pong barrier. (Measured on an
-  // H200, bench/results/h200x2-2026-11-28-kernel5/ab-ctl.log: pinned for three consumer
-  // warpgroups as well, D = 64 is 3% faster than with them pinned for two only; with the former
-  // 32-bit low words, pinning at three warpgroups had cost 2.5%, h200x2-2026-11-27-kernel3/ab-slim.)
+  // pinned in registers (an empty asm that "changes" them) in every variant: otherwise the
+  // compiler rebuilds them from the shared-memory base at every use, right after the ping-pong
+  // barrier. (Measured on an H200, bench/results/h200x2-2026-11-28-kernel5/ab-ctl.log: pinned for
+  // three consumer warpgroups as well, D = 64 is 3% faster than with them pinned for two only;
+  // with the former 32-bit low words, pinning at three warpgroups had cost 2.5%,
+  // h200x2-2026-11-27-kernel3/ab-slim.)
   uint64_t q, k0, v0;
   __device__ __forceinline__ RingDescs(uint32_t q_wg, uint32_t kv)
       : q(MakeDesc(q_wg, 16, 1024)),

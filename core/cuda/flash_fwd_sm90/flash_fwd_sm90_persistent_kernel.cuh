@@ -306,8 +306,8 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 template <typename Traits, typename OnScores>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
-    uint32_t bar_empty_v, uint32_t gbase, int count, const PingPong<Traits::kConsumerWarpgroups>& pp,
-    int lane, const ConsumerRow& cr,
+    uint32_t bar_empty_v, uint32_t gbase, int count,
+    const PingPong<Traits::kConsumerWarpgroups>& pp, int lane, const ConsumerRow& cr,
     const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, OnScores on_scores) {
   constexpr int kBlock = Traits::kBlock;
