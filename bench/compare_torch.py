@@ -17,8 +17,8 @@ Times, on the shapes of bench/cuda/cases.cc (attnbench_cuda):
              the same inputs: fa4_check = max |diff| / max |O| and the non-finite count, FAIL in
              the markdown above 2e-2. FA4's first call per shape compiles (fa4_first_call_s).
 Inputs are torch-seeded uniform [-1, 1) in bf16 ([B, N, H, D] like attnserve). Timing: --timing
-(TIMING below), by default attnbench_cuda's own loop. Merges attnbench_cuda's JSON (--ours) and
-writes a JSON and a markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (the same formula as attnbench_cuda;
+(TIMING below), by default attnbench_cuda's own loop. Merges attnbench_cuda's JSON (--ours), writes
+a JSON and a markdown table. FLOPs = 4 * B * Hq * D * admitted pairs (attnbench_cuda's formula;
 admitted pairs come from its JSON where available).
 
 attnbench_cuda writes two rows for dense/window cases: "own" (our flash_fwd kernels) and

@@ -107,6 +107,17 @@ struct Sm90PersistentTraits
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
 
+// Consumer warpgroup h's Q barriers: q_full[h] (its rows landed) and q_empty[h] (released), after
+// the K/V stages' full and empty barriers.
+template <typename Traits>
+__device__ __forceinline__ uint32_t QFullBar(const WarpSpecializedSmem& sm, int h) {
+  return sm.bar_q + 8 * h;
+}
+template <typename Traits>
+__device__ __forceinline__ uint32_t QEmptyBar(const WarpSpecializedSmem& sm, int h) {
+  return sm.bar_q + 8 * (Traits::kConsumerWarpgroups + h);
+}
+
 // K/V warp `warp` (< kProducerWarps): the kept tiles of the CTA's items into the ring; it never
 // waits for Q. Tile G of the CTA's tile sequence (tiles of its earlier items + e) goes to stage
 // G % kStages, use G / kStages of that stage, loaded by warp G % kProducerWarps.
@@ -225,7 +236,6 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   constexpr int kWgs = Traits::kConsumerWarpgroups;
   const int64_t n = p.seqlen;
   const int hz = p.num_heads * (p.batch * p.num_segs);
-  const uint32_t bar_q_empty = sm.bar_q + 8 * kWgs;
   uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
     const WorkItem w =
@@ -243,14 +253,14 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
         for (int h = 0; h < kWgs; ++h) {
           // Warpgroup h's rows of the previous item: its every warp issued and completed its
           // last S GEMM.
-          if (local > 0) MbarWait(bar_q_empty + 8 * h, (local - 1) & 1u);
+          if (local > 0) MbarWait(QEmptyBar<Traits>(sm, h), (local - 1) & 1u);
           publish(h);
-          MbarArriveExpectTx(sm.bar_q + 8 * h, Traits::kQTileBytes / kWgs);
+          MbarArriveExpectTx(QFullBar<Traits>(sm, h), Traits::kQTileBytes / kWgs);
 #pragma unroll
           for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
-            TmaLoad5d(sm.q + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q, sm.bar_q + 8 * h,
-                      panel * 64, w.row * kBlockM + h * 64, head, w.z % p.num_segs,
-                      w.z / p.num_segs);
+            TmaLoad5d(sm.q + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q,
+                      QFullBar<Traits>(sm, h), panel * 64, w.row * kBlockM + h * 64, head,
+                      w.z % p.num_segs, w.z / p.num_segs);
           }
         }
       }
@@ -258,7 +268,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     } else {
       if (local > 0) {
 #pragma unroll
-        for (int h = 0; h < kWgs; ++h) MbarWait(bar_q_empty + 8 * h, (local - 1) & 1u);
+        for (int h = 0; h < kWgs; ++h) MbarWait(QEmptyBar<Traits>(sm, h), (local - 1) & 1u);
       }
       const Elem* q_base = QBase<Elem>(p, w.y, w.z);
       WarpLoadTile<kBlockM, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
@@ -271,7 +281,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
       CpAsyncWait<0>();
       FenceProxyAsyncShared();
 #pragma unroll
-      for (int h = 0; h < kWgs; ++h) MbarArrive(sm.bar_q + 8 * h);
+      for (int h = 0; h < kWgs; ++h) MbarArrive(QFullBar<Traits>(sm, h));
     }
     const int next = CtaItem(static_cast<int>(local) + 1);
     if (next < num_items) {
@@ -421,13 +431,13 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   constexpr int kBlock = Traits::kBlock;
   constexpr int kHeadDim = Traits::kHeadDim;
   // This warpgroup's Q rows: landed / released, and its metadata slot.
-  const uint32_t bar_q_full = sm.bar_q + 8 * wg;
-  const uint32_t bar_q_empty = sm.bar_q + 8 * (Traits::kConsumerWarpgroups + wg);
+  const uint32_t bar_q_full = QFullBar<Traits>(sm, wg);
+  const uint32_t bar_q_empty = QEmptyBar<Traits>(sm, wg);
   const int* const meta = item_meta + 4 * wg;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
 
   const PingPong<Traits::kConsumerWarpgroups> pp(wg);
-  pp.Start(wg);
+  pp.Start();
   uint32_t gbase = 0;  // global tile index of the item's first tile
   uint32_t local = 0;  // items of this CTA so far
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
@@ -477,7 +487,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
                          const __grid_constant__ CUtensorMap tma_v) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   extern __shared__ unsigned char smem_raw[];
-  // Traits' offsets; q_full[h] = bar_q + 8 h, q_empty[h] = bar_q + 8 (kConsumerWarpgroups + h).
+  // Traits' offsets; q_full[h] / q_empty[h]: QFullBar / QEmptyBar.
   const WarpSpecializedSmem sm = MakeWarpSpecializedSmem<Traits>(smem_raw);
   int* const item_meta = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(sm.meta) +
                                                 (Traits::kItemMetaOffset - Traits::kMetaOffset));
@@ -507,8 +517,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
     for (int h = 0; h < Traits::kConsumerWarpgroups; ++h) {
       // q_full[h]: the TMA lane's arrive, or every lane of the Q warp (producer warp
       // kProducerWarps); q_empty[h]: a lane per warp of consumer warpgroup h.
-      MbarInit(sm.bar_q + 8 * h, kTma ? 1 : 32);
-      MbarInit(sm.bar_q + 8 * (Traits::kConsumerWarpgroups + h), 4);
+      MbarInit(QFullBar<Traits>(sm, h), kTma ? 1 : 32);
+      MbarInit(QEmptyBar<Traits>(sm, h), 4);
     }
     if constexpr (kTma) FenceMbarrierInit();
   }

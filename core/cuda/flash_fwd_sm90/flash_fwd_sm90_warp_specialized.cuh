@@ -230,9 +230,10 @@ struct PingPong {
       : sync_id(wg > 0 ? wg : kWgs), arrive_id(wg + 1 < kWgs ? wg + 1 : kWgs) {
     asm volatile("" : "+r"(sync_id), "+r"(arrive_id));  // kept, not recomputed per tile
   }
-  __device__ __forceinline__ void Start(int wg) const {
+  // The last warpgroup (the one arriving on barrier kWgs) arrives once up front.
+  __device__ __forceinline__ void Start() const {
     if constexpr (kWgs > 1) {
-      if (wg == kWgs - 1) NamedBarArrive(kWgs, 256);
+      if (arrive_id == kWgs) NamedBarArrive(arrive_id, 256);
     }
   }
   __device__ __forceinline__ void BeforeScores() const {
