@@ -19,6 +19,14 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
+// -0.0 equals 0.0 but is a different proto3 value: the binary form carries it, the JSON form
+// prints "-0", which the JSON parser reads back as 0. Both directions hand out +0 for either zero
+// so that a spec means one wire message.
+template <typename T>
+T PlusZero(T x) {
+  return x == T{0} ? T{0} : x;
+}
+
 template <typename Repeated>
 std::vector<int64_t> ToVector(const Repeated& r) {
   return std::vector<int64_t>(r.begin(), r.end());
@@ -35,7 +43,7 @@ absl::StatusOr<BlockGenerator> GeneratorFromProto(const v1::BlockSparse& bs) {
     case v1::BlockSparse::kStrided:
       return StridedGen{bs.strided().stride(), bs.strided().width()};
     case v1::BlockSparse::kRandom:
-      return RandomGen{bs.random().keep(), bs.random().seed()};
+      return RandomGen{PlusZero(bs.random().keep()), bs.random().seed()};
     case v1::BlockSparse::kCsr:
       return CsrGen{ToVector(bs.csr().row_ptr()), ToVector(bs.csr().col_idx())};
     case v1::BlockSparse::GENERATOR_NOT_SET:
@@ -62,7 +70,7 @@ void GeneratorToProto(const BlockGenerator& gen, v1::BlockSparse* out) {
                    out->mutable_strided()->set_width(g.width);
                  },
                  [&](const RandomGen& g) {
-                   out->mutable_random()->set_keep(g.keep);
+                   out->mutable_random()->set_keep(PlusZero(g.keep));
                    out->mutable_random()->set_seed(g.seed);
                  },
                  [&](const CsrGen& g) {
@@ -79,7 +87,7 @@ void GeneratorToProto(const BlockGenerator& gen, v1::BlockSparse* out) {
 absl::StatusOr<AttentionSpec> SpecFromProto(const v1::AttentionSpec& proto) {
   AttentionSpec spec;
   spec.causal = proto.causal();
-  spec.scale = proto.scale();
+  spec.scale = PlusZero(proto.scale());
   switch (proto.pattern_case()) {
     case v1::AttentionSpec::kDense:
       spec.pattern = DenseSpec{};
@@ -108,7 +116,7 @@ absl::StatusOr<AttentionSpec> SpecFromProto(const v1::AttentionSpec& proto) {
 v1::AttentionSpec SpecToProto(const AttentionSpec& spec) {
   v1::AttentionSpec out;
   out.set_causal(spec.causal);
-  out.set_scale(spec.scale);
+  out.set_scale(PlusZero(spec.scale));
   std::visit(Overloaded{
                  [&](const DenseSpec&) { out.mutable_dense(); },
                  [&](const WindowSpec& w) { out.mutable_window()->set_size(w.size); },

@@ -1,5 +1,6 @@
 #include "wire/convert.h"
 
+#include <cmath>
 #include <variant>
 
 #include "gmock/gmock.h"
@@ -92,6 +93,26 @@ TEST(SpecConvertTest, JsonErrorsSayWhatIsWrong) {
   s = ParseSpecJson(R"({"causal": true})");
   EXPECT_EQ(s.status().message(),
             "spec.pattern: one of dense, window, dilated, block_sparse must be set");
+}
+
+// -0.0 is accepted where 0 is, but must not make a second wire message for the same spec: the
+// JSON form prints it as -0, which parses back as +0 (found by fuzz_spec_json).
+TEST(SpecConvertTest, NegativeZeroIsCanonicalised) {
+  absl::StatusOr<AttentionSpec> spec = ParseSpecJson(
+      R"({"scale": -0.0, "blockSparse": {"blockSize": 64, "random": {"keep": -0.00}}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(std::signbit(spec->scale));
+  const auto& bs = std::get<BlockSparseSpec>(spec->pattern);
+  EXPECT_FALSE(std::signbit(std::get<RandomGen>(bs.generator).keep));
+  absl::StatusOr<AttentionSpec> again = ParseSpecJson(SpecToJson(*spec));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(SpecToProto(*again).SerializeAsString(), SpecToProto(*spec).SerializeAsString());
+
+  AttentionSpec core;  // a spec built in code with -0 goes out as +0 as well
+  core.scale = -0.f;
+  core.pattern = BlockSparseSpec{64, RandomGen{-0.0, 7}};
+  EXPECT_FALSE(std::signbit(SpecToProto(core).scale()));
+  EXPECT_FALSE(std::signbit(SpecToProto(core).block_sparse().random().keep()));
 }
 
 TEST(SpecConvertTest, DTypes) {
