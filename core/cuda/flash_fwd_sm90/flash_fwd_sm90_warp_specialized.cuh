@@ -26,8 +26,7 @@
 //   empty[stage] once its S GEMM completed and on empty_v[stage] once its P V GEMM did (count
 //   4 x kConsumerWarpgroups: all consumer warps). The producer waits on them before overwriting
 //   a half. No __syncthreads in the loop; the warpgroups' GEMM issues go round through named
-//   barriers (PingPong), which also bound their skew to one
-//   tile now that no CTA barrier does.
+//   barriers (PingPong), which also bound their skew to one tile now that no CTA barrier does.
 // - Every consumer warp waits on full and arrives on empty for every tile, also when it has no
 //   work for the tile (rows past the end, causal diagonal after its rows): this keeps each
 //   barrier phase = one tile (an idle warp cannot run ahead into the next phase).
@@ -138,14 +137,14 @@ __device__ __forceinline__ void WarpLoadTile(uint32_t smem, const Elem* gbase, i
 
 // Shared memory of the warp-specialized kernel (shared-window addresses, at the offsets of its
 // Traits): the tiles, then the mbarriers, then the per-stage tile metadata. The persistent kernel
-// finds q_empty[h] (bar_q + 8 (kConsumerWarpgroups + h)), its item metadata and the split V
-// barriers from these.
+// finds its Q barriers (QFullBar / QEmptyBar), its item metadata and the split V barriers from
+// these.
 struct WarpSpecializedSmem {
   uint32_t q;          // (kBlockM, kHeadDim) Q tile
   uint32_t kv;         // stage s: (kBlock, kHeadDim) K at kv + 2 s tiles, V right after it
   uint32_t bar_full;   // + 8 s: stage s landed (count 32: the lanes of the warp that loaded it;
                        // 1 with TMA: the issuing lane's arrive.expect_tx)
-  uint32_t bar_empty;  // + 8 s: stage s released (count 8: one lane per consumer warp)
+  uint32_t bar_empty;  // + 8 s: stage s released (one lane per consumer warp)
   uint32_t bar_q;      // + 8 h: consumer warpgroup h's Q rows landed (count 32: the Q warp;
                        // 1 with TMA)
   int* meta;           // [2 s], [2 s + 1]: key block and mask kind of the tile in stage s
