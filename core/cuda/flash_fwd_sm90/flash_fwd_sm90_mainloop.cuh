@@ -170,9 +170,10 @@ __device__ __forceinline__ void PackP(const float (&s)[kBlock / 2],
 }
 
 // O += P V (PvSteps), waited for before returning: the caller releases the stage next.
+// GemmPVDesc takes V's descriptor (RingDescs), GemmPV the tile's address.
 template <typename Traits>
-__device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
-                                       uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
+__device__ __forceinline__ void GemmPVDesc(float (&acc_o)[Traits::kHeadDim / 2],
+                                           uint32_t (&pa)[Traits::kBlock / 16][4], uint64_t dv) {
 #pragma unroll
   for (int kk = 0; kk < Traits::kBlock / 16; ++kk) {
 #pragma unroll
@@ -181,11 +182,16 @@ __device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
 #pragma unroll
   for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
   WgmmaFence();
-  PvSteps<Traits>(acc_o, pa, v_tile);
+  PvStepsDesc<Traits>(acc_o, pa, dv);
   WgmmaCommit();
   WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+}
+template <typename Traits>
+__device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
+                                       uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
+  GemmPVDesc<Traits>(acc_o, pa, MakeDesc(v_tile, Traits::kPanelBytes, 1024));
 }
 
 // The overlapped consumer's GEMM issue for tile e: S(e) = Q K(e)^T (when `scores`) as one commit

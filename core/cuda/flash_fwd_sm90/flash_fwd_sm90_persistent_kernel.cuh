@@ -46,8 +46,8 @@
 //   item j - 1, publishes h's metadata, loads h's rows of item j (one TMA box per panel) and
 //   arms q_full[h], for h = 0, 1, ...; then prefetches item j + 1's Q rows into L2
 //   (cp.async.bulk.prefetch.L2): a warpgroup's next Q loads from L2 while it runs its last
-//   softmax, its last P V and its epilogue, and it starts the next item without waiting for the
-//   other warpgroup to finish the current one. (Measured on an H200, h200x2-2026-11-28-kernel5/
+//   softmax, and it starts the next item without waiting for the other warpgroup to finish the
+//   current one. (Measured on an H200, h200x2-2026-11-28-kernel5/
 //   ab-qwg, medians of seven interleaved reps against one Q barrier pair for the whole tile:
 //   random 90% skipped 0.962x, local_window 90% 0.986x, 99% and dense level. The 90% cases run
 //   at the power cap and land in two groups ~10% apart, so the gain is inside their spread; it
@@ -69,9 +69,10 @@
 //   item, released by the q_full[h] arrive): the consumers read it right after the q_full wait,
 //   so they do no dependent global loads (row_order, row_ptr) on their critical path between
 //   items.
-// - Every item's state (accumulators, max, sum) is reset per item; the epilogue
-//   (flash_fwd_sm90_epilogue.cuh) writes straight from registers to global memory, so it
-//   overlaps the producer's smem writes.
+// - The consumers' software pipeline runs on across items: an item's last P V GEMM is issued with
+//   the next item's first S GEMM, and its epilogue (flash_fwd_sm90_epilogue.cuh, straight from
+//   registers to global memory) runs after that tile's softmax (ConsumerCarry). Softmax
+//   statistics are per item; O is zeroed once its item is written.
 // The former one-CTA-per-tile schedule with these roles (no item walk) was removed: on an H200
 // this kernel was equal to it dense, 2-3% faster at 90% of block pairs skipped and 19-20% faster
 // at 99% (bench/results/h200-2026-11-22c; core/cuda/NOTES.md).
@@ -79,6 +80,7 @@
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_PERSISTENT_KERNEL_CUH_
 
 #include <climits>
+#include <type_traits>
 
 #include <cuda.h>  // CUtensorMap (a plain struct; nothing of the driver library is linked)
 
@@ -299,34 +301,52 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   }
 }
 
+// What a consumer warpgroup carries from one work item into the next: the P V GEMM of the item's
+// last tile (its P, and the stage of its V) is issued with the next item's first S GEMM, and the
+// item's epilogue runs once that GEMM completed, after the first tile's softmax, under the other
+// warpgroups' GEMMs, instead of between the items with this warpgroup's GEMMs stopped. (Measured
+// on an H200, seven interleaved reps, bench/results/h200x2-2026-11-28-kernel6/ab-xitem: 99% of
+// block pairs skipped, ~5 tiles per item, 1.9% (random) and 3.8% (local_window) faster; dense,
+// causal, D = 64 and 90% level within their spread.)
+template <typename Traits>
+struct ConsumerCarry {
+  uint32_t pa[Traits::kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
+  bool pending = false;   // a P V GEMM is owed for stage `stage` (warpgroup-uniform)
+  int stage = 0;
+  uint32_t parity = 0;
+  bool owed = false;      // the previous item's epilogue is owed (warpgroup-uniform)
+  int row = 0, y = 0, z = 0;  // the previous item: its query-block row, head and z
+  OnlineSoftmax<Traits::kBlock, Traits::kHeadDim> softmax;  // and its statistics
+};
+
 // The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
 // the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
 // window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
 // producer, S(e) is masked and turned into P(e) while the P V GEMM still runs; then that GEMM is
 // waited for, V(e-1) goes back, and O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1) +
-// P_(e-1) V_(e-1)): the rescale must follow the GEMM that accumulates into O). The last P V runs
-// after the loop. K and V have separate barriers (full / empty for K, full_v / empty_v for V,
-// ProducePersistentKvTma<.., true>): V(e) is read a tile after K(e), and a shared stage barrier
-// would hold K's half idle for that tile (measured: with one barrier per stage the overlap was
-// 4-30% slower, bench/results/h200-2026-11-25-kernel/). P(e-1) (32 registers) is live next to
-// S(e) and O.
+// P_(e-1) V_(e-1)): the rescale must follow the GEMM that accumulates into O). At tile 0 the
+// pending GEMM is the previous item's last (ConsumerCarry): once it completed, `finish_prev`
+// writes that item's output and zeroes O for this item. The item's own last P V stays pending
+// for the next item (or for the end of ConsumePersistent). Tile 0 is a compile-time variant of
+// the tile (consume_tile's kFirst) outside the loop, so the loop holds no epilogue. K and V have
+// separate barriers (full / empty for K, full_v / empty_v for V): V(e) is read a tile after
+// K(e), and a shared stage barrier would hold K's half idle for that tile (measured: with one
+// barrier per stage the overlap was 4-30% slower, bench/results/h200-2026-11-25-kernel/). P(e-1)
+// (kBlock / 4 registers) is live next to S(e) and O.
 // on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
 // persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
 // C++ branch on "last" in the loop would make ptxas serialize the wgmma).
-template <typename Traits, typename OnScores>
+template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
     uint32_t bar_empty_v, uint32_t gbase, int count,
     const PingPong<Traits::kConsumerWarpgroups>& pp, int lane, const ConsumerRow& cr,
     const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
-    OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, OnScores on_scores) {
+    OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
+    OnScores on_scores, FinishPrev finish_prev) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kStages = Traits::kStages;
   const RingDescs<Traits> descs(cr.q_wg, sm.kv);
-  uint32_t pa[kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
-  bool pending = false;         // a P V GEMM is owed for stage pending_stage (warpgroup-uniform)
-  int pending_stage = 0;
-  uint32_t pending_parity = 0;
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -340,7 +360,10 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // Pinned (an empty asm that "changes" them), so that ptxas keeps the three words rather than
   // recomputing them from the 64-bit positions inside the loop.
   asm volatile("" : "+r"(blk_end), "+r"(blk_full), "+r"(causal_last));
-  for (int e = 0; e < count; ++e) {
+  // Tile e; kFirst (tile 0, a compile-time variant outside the loop) finishes the previous item
+  // instead of rescaling O, so that the loop body holds no epilogue.
+  auto consume_tile = [&](auto first, int e) {
+    constexpr bool kFirst = decltype(first)::value;
     const uint32_t gi = gbase + static_cast<uint32_t>(e);
     const int stage = static_cast<int>(gi % kStages);
     const uint32_t parity = (gi / kStages) & 1u;
@@ -361,7 +384,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     };
     constexpr bool kMetaUnderGemms = Traits::kConsumerWarpgroups <= 2;
     if constexpr (!kMetaUnderGemms) read_meta();
-    if (pending) MbarWait(bar_full_v + 8 * pending_stage, pending_parity);  // V(e-1) landed
+    if (c.pending) MbarWait(bar_full_v + 8 * c.stage, c.parity);  // V(e-1) landed
 
     float s[kBlock / 2];
     pp.BeforeScores();
@@ -371,8 +394,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // must stay conditional since without a pending tile there is no landed V to multiply, now
     // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
     // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
-    IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, pa,
-                             descs.V(pending_stage), pending);
+    IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, c.pa,
+                             descs.V(c.stage), c.pending);
     pp.AfterScores();
     if constexpr (kMetaUnderGemms) read_meta();
     WaitScoresOf<1>(s);
@@ -389,55 +412,75 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     WgmmaWait<0>();
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
-    MbarArriveLane0(bar_empty_v + 8 * pending_stage, pending ? lane : 1);  // V(e-1) read
-    if (work) {
-      // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
-      // otherwise): a warp vote, so the branch is warp-uniform.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-        softmax.RescaleO(acc_o, alpha);
+    MbarArriveLane0(bar_empty_v + 8 * c.stage, c.pending ? lane : 1);  // V(e-1) read
+    if constexpr (!kFirst) {
+      if (work) {
+        // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
+        // otherwise): a warp vote, so the branch is warp-uniform.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+          softmax.RescaleO(acc_o, alpha);
+        }
       }
-      PackP<typename Traits::Elem, kBlock>(s, pa);
+    }
+    if (work) {
+      PackP<typename Traits::Elem, kBlock>(s, c.pa);
     } else {
       // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
       // after the release, so the release must not overtake the copy).
       MbarWait(bar_full_v + 8 * stage, parity);
       MbarArriveLane0(bar_empty_v + 8 * stage, lane);
     }
-    pending = work;
-    pending_stage = work ? stage : pending_stage;
-    pending_parity = work ? parity : pending_parity;
-  }
-  if (pending) {
-    MbarWait(bar_full_v + 8 * pending_stage, pending_parity);
-    float s[kBlock / 2];
-    IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(0), false, acc_o, pa, descs.V(pending_stage),
-                             true);
-    WgmmaWait<0>();
-#pragma unroll
-    for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
-    MbarArriveLane0(bar_empty_v + 8 * pending_stage, lane);
-  }
+    if constexpr (kFirst) {
+      // O is the previous item's, complete now: written out and zeroed for this item (whose
+      // first tile needs no rescale). After PackP, so that S is no longer live.
+      finish_prev();
+    }
+    c.pending = work;
+    c.stage = work ? stage : c.stage;
+    c.parity = work ? parity : c.parity;
+  };
+  consume_tile(std::true_type{}, 0);
+  for (int e = 1; e < count; ++e) consume_tile(std::false_type{}, e);
 }
 
 // Consumer warpgroup `wg`: per item, wait for Q and the item's metadata, run its 64 rows against
-// the item's tiles (the ring continues across items), release Q after the last S GEMM, then the
-// epilogue. Accumulators and softmax statistics are reset per item.
+// the item's tiles (the ring continues across items), release Q after the last S GEMM. The
+// item's last P V GEMM and its epilogue are carried into the next item's first tile
+// (ConsumerCarry); after the CTA's last item they run on their own. An item without tiles writes
+// its empty output from constants and leaves the carry alone. Softmax statistics are per item
+// (the carried item's go with it), O is zeroed once its item is written.
 template <typename Traits>
 __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   const WarpSpecializedSmem& sm,
                                                   uint32_t bar_full_v, uint32_t bar_empty_v,
                                                   const int* item_meta, int num_items, int64_t nk,
                                                   int wg, int warp, int lane) {
-  constexpr int kBlock = Traits::kBlock;
   constexpr int kHeadDim = Traits::kHeadDim;
   // This warpgroup's Q rows: landed / released, and its metadata slot.
   const uint32_t bar_q_full = QFullBar<Traits>(sm, wg);
   const uint32_t bar_q_empty = QEmptyBar<Traits>(sm, wg);
   const int* const meta = item_meta + 4 * wg;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
+  const int64_t row_in_wg = (warp % 4) * 16 + lane / 4;  // the thread's first row in its 64
+  const uint32_t q_wg = sm.q + wg * 64 * 128;
 
   const PingPong<Traits::kConsumerWarpgroups> pp(wg);
   pp.Start();
+  float acc_o[kHeadDim / 2];  // (64, kHeadDim) O of this warpgroup, wgmma accumulator layout
+  auto zero_o = [&] {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
+  };
+  zero_o();
+  OnlineSoftmax<Traits::kBlock, kHeadDim> softmax;
+  softmax.Reset();
+  ConsumerCarry<Traits> c;
+  // The carried item's output (rows past the query end are skipped inside StoreOutput).
+  auto store_prev = [&] {
+    const int64_t wg_row0 = static_cast<int64_t>(c.row) * Traits::kBlockM + wg * 64;
+    StoreOutput<typename Traits::Elem>(p, acc_o, c.softmax, MakeOutputBase(p, c.y, c.z),
+                                       wg_row0 + row_in_wg, lane % 4);
+  };
   uint32_t gbase = 0;  // global tile index of the item's first tile
   uint32_t local = 0;  // items of this CTA so far
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
@@ -447,29 +490,51 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const int count = meta[1];
     const int y = meta[2];
     const int z = meta[3];
-
-    float acc_o[kHeadDim / 2];  // (64, kHeadDim) O of this warpgroup, wgmma accumulator layout
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-    OnlineSoftmax<kBlock, kHeadDim> softmax;
-    softmax.Reset();
-
     const int64_t wg_row0 = static_cast<int64_t>(row) * Traits::kBlockM + wg * 64;
-    const ConsumerRow cr{sm.q + wg * 64 * 128, wg_row0, wg_row0 < p.seqlen};
-    const ThreadRows rows{wg_row0 + (warp % 4) * 16 + lane / 4, delta, lane % 4};
-
-    ConsumeItemOverlapped<Traits>(p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, cr,
-                                  rows, nk, acc_o, softmax, [&](int arrive_lane) {
-                                    MbarArriveLane0(bar_q_empty, arrive_lane);
-                                  });
-    if (count == 0) MbarArriveLane0(bar_q_empty, lane);  // no S GEMM read this Q
-    gbase += static_cast<uint32_t>(count);
-
-    if (cr.active) {
-      StoreOutput<typename Traits::Elem>(p, acc_o, softmax, MakeOutputBase(p, y, z), rows.my_row0,
-                                         rows.t);
+    if (count == 0) {
+      // No S GEMM reads this Q; the item's rows have no admissible key: O = 0 and LSE = -inf
+      // (accumulate mode: untouched), written from constants, so the carry goes on past it.
+      MbarArriveLane0(bar_q_empty, lane);
+      float zeros[kHeadDim / 2];
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) zeros[i] = 0.f;
+      OnlineSoftmax<Traits::kBlock, kHeadDim> none;
+      none.Reset();
+      StoreOutput<typename Traits::Elem>(p, zeros, none, MakeOutputBase(p, y, z),
+                                         wg_row0 + row_in_wg, lane % 4);
+      continue;
     }
+    softmax.Reset();
+    const ConsumerRow cr{q_wg, wg_row0, wg_row0 < p.seqlen};
+    const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
+    ConsumeItemOverlapped<Traits>(
+        p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, cr, rows, nk, acc_o, softmax, c,
+        [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
+        [&] {
+          if (c.owed) {
+            store_prev();
+            // O's registers are zeroed only after the stores read them (not moved elsewhere
+            // first, which would make ptxas wait for the GEMMs right after their issue).
+#pragma unroll
+            for (int i = 0; i < kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+            zero_o();
+          }
+        });
+    gbase += static_cast<uint32_t>(count);
+    // This item's epilogue is owed from here on (after its last P V GEMM, when one is pending).
+    c.owed = true;
+    c.softmax = softmax;
+    c.row = row;
+    c.y = y;
+    c.z = z;
   }
+  // The CTA's last item: its pending GEMM and its epilogue.
+  if (c.pending) {
+    MbarWait(bar_full_v + 8 * c.stage, c.parity);
+    GemmPVDesc<Traits>(acc_o, c.pa, RingDescs<Traits>(q_wg, sm.kv).V(c.stage));
+    MbarArriveLane0(bar_empty_v + 8 * c.stage, lane);
+  }
+  if (c.owed) store_prev();
 }
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
