@@ -11,7 +11,7 @@
 //   D = 128.
 // - K and V of a stage have their own barriers (full / empty for K, full_v / empty_v for V): the
 //   consumer is done with K(e) after S(e) but reads V(e) a tile later, under the next tile's
-//   softmax (flash_fwd_sm90_persistent_kernel.cuh: ConsumeItemOverlapped).
+//   softmax (flash_fwd_sm90_consumer.cuh: ConsumeItemOverlapped).
 // - cp.async producer warps (ProduceKvTile, WarpLoadTile), where TMA cannot address the tensors:
 //   16-byte copies into the same swizzled layout with the same zero-fill past the key end as
 //   TMA's, of each kept K/V block into the kStages ring, tile e by warp e % 2. A
@@ -167,6 +167,17 @@ __device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned 
   sm.bar_q = sm.bar_full + 16 * Traits::kStages;
   sm.meta = reinterpret_cast<int*>(smem_ptr + Traits::kMetaOffset);
   return sm;
+}
+
+// Consumer warpgroup h's Q barriers: q_full[h] (its rows landed) and q_empty[h] (released), after
+// the K/V stages' full and empty barriers.
+template <typename Traits>
+__device__ __forceinline__ uint32_t QFullBar(const WarpSpecializedSmem& sm, int h) {
+  return sm.bar_q + 8 * h;
+}
+template <typename Traits>
+__device__ __forceinline__ uint32_t QEmptyBar(const WarpSpecializedSmem& sm, int h) {
+  return sm.bar_q + 8 * (Traits::kConsumerWarpgroups + h);
 }
 
 // cp.async producer K/V warp: tile e of row `row` (ring slot `stage`, use `use` of that slot

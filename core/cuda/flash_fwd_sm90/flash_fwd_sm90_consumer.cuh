@@ -1,0 +1,260 @@
+// flash_fwd_sm90 consumer warpgroups of the persistent kernel (_persistent_kernel.cuh): the walk
+// over the CTA's work items and their key tiles, with the softmax of a tile overlapped with the
+// previous tile's P V GEMM, and the pipeline carried from one item into the next. The per-tile
+// math is in _mainloop.cuh, masking, softmax and epilogue in _mask, _softmax and _epilogue.cuh,
+// the barriers and roles in _warp_specialized.cuh.
+#ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_CONSUMER_CUH_
+#define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_CONSUMER_CUH_
+
+#include <climits>
+#include <type_traits>
+
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_warp_specialized.cuh"
+
+namespace attnserve {
+namespace flash_sm90 {
+
+#if ATTNSERVE_FLASH_SM90_DEVICE
+
+// What a consumer warpgroup carries from one work item into the next: the P V GEMM of the item's
+// last tile (its P, and the stage of its V) is issued with the next item's first S GEMM, and the
+// item's epilogue runs once that GEMM completed, after the first tile's softmax, under the other
+// warpgroups' GEMMs, instead of between the items with this warpgroup's GEMMs stopped. (Measured
+// on an H200, seven interleaved reps, bench/results/h200x2-2026-11-28-kernel6/ab-xitem: 99% of
+// block pairs skipped, ~5 tiles per item, 1.9% (random) and 3.8% (local_window) faster; dense,
+// causal, D = 64 and 90% level within their spread.)
+template <typename Traits>
+struct ConsumerCarry {
+  uint32_t pa[Traits::kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
+  bool pending = false;   // a P V GEMM is owed for stage `stage` (warpgroup-uniform)
+  int stage = 0;
+  uint32_t parity = 0;
+  bool owed = false;      // the previous item's epilogue is owed (warpgroup-uniform)
+  int row = 0, y = 0, z = 0;  // the previous item: its query-block row, head and z
+  OnlineSoftmax<Traits::kBlock, Traits::kHeadDim> softmax;  // and its statistics
+};
+
+// The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
+// the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
+// window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
+// producer, S(e) is masked and turned into P(e) while the P V GEMM still runs; then that GEMM is
+// waited for, V(e-1) goes back, and O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1) +
+// P_(e-1) V_(e-1)): the rescale must follow the GEMM that accumulates into O). At tile 0 the
+// pending GEMM is the previous item's last (ConsumerCarry): once it completed, `finish_prev`
+// writes that item's output and zeroes O for this item. The item's own last P V stays pending
+// for the next item (or for the end of ConsumePersistent). Tile 0 is a compile-time variant of
+// the tile (consume_tile's kFirst) outside the loop, so the loop holds no epilogue. K and V have
+// separate barriers (full / empty for K, full_v / empty_v for V): V(e) is read a tile after
+// K(e), and a shared stage barrier would hold K's half idle for that tile (measured: with one
+// barrier per stage the overlap was 4-30% slower, bench/results/h200-2026-11-25-kernel/). P(e-1)
+// (kBlock / 4 registers) is live next to S(e) and O.
+// on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
+// persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
+// C++ branch on "last" in the loop would make ptxas serialize the wgmma).
+template <typename Traits, typename OnScores, typename FinishPrev>
+__device__ __forceinline__ void ConsumeItemOverlapped(
+    const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
+    uint32_t bar_empty_v, uint32_t gbase, int count,
+    const PingPong<Traits::kConsumerWarpgroups>& pp, int lane, const ConsumerRow& cr,
+    const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
+    OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
+    OnScores on_scores, FinishPrev finish_prev) {
+  constexpr int kBlock = Traits::kBlock;
+  constexpr int kStages = Traits::kStages;
+  const RingDescs<Traits> descs(cr.q_wg, sm.kv);
+  // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
+  // kBlock), set up once per item instead of 64-bit position compares per tile:
+  //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
+  //   k0 + kBlock <= nk (not ragged)   <=> blk < blk_full
+  //   causal tile with no admissible key (k0 > last query row + delta) <=> blk > causal_last
+  const int64_t blocks_k = (nk + kBlock - 1) / kBlock;
+  int blk_end = cr.active ? static_cast<int>(min(blocks_k, int64_t{INT_MAX})) : 0;
+  int blk_full = static_cast<int>(min(nk / kBlock, int64_t{INT_MAX}));
+  const int64_t last_row = cr.wg_row0 + 63 + rows.delta;
+  int causal_last = last_row < 0 ? -1 : static_cast<int>(min(last_row / kBlock, int64_t{INT_MAX}));
+  // Pinned (an empty asm that "changes" them), so that ptxas keeps the three words rather than
+  // recomputing them from the 64-bit positions inside the loop.
+  asm volatile("" : "+r"(blk_end), "+r"(blk_full), "+r"(causal_last));
+  // Tile e; kFirst (tile 0, a compile-time variant outside the loop) finishes the previous item
+  // instead of rescaling O, so that the loop body holds no epilogue.
+  auto consume_tile = [&](auto first, int e) {
+    constexpr bool kFirst = decltype(first)::value;
+    const uint32_t gi = gbase + static_cast<uint32_t>(e);
+    const int stage = static_cast<int>(gi % kStages);
+    const uint32_t parity = (gi / kStages) & 1u;
+    MbarWait(sm.bar_full + 8 * stage, parity);
+    // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it. With
+    // one or two consumer warpgroups it is read under the GEMMs, after the issue; with three
+    // (160 registers) before the barrier. (Measured on an H200, interleaved reps, bench/results/
+    // h200x2-2026-11-27-kernel3/ab-meta-order: after the issue dense D = 128 6%, causal 1%, 99%
+    // skipped 1% faster; at D = 64 with three warpgroups 3.5% slower.) The slot is rewritten only
+    // after this warpgroup's K release below.
+    int mask = 0;
+    int blk = 0;
+    bool work = false;
+    auto read_meta = [&] {
+      mask = sm.meta[2 * stage + 1];
+      blk = sm.meta[2 * stage];
+      work = blk < blk_end && !(mask == 1 && blk > causal_last);
+    };
+    constexpr bool kMetaUnderGemms = Traits::kConsumerWarpgroups <= 2;
+    if constexpr (!kMetaUnderGemms) read_meta();
+    if (c.pending) MbarWait(bar_full_v + 8 * c.stage, c.parity);  // V(e-1) landed
+
+    float s[kBlock / 2];
+    pp.BeforeScores();
+    // S(e) is issued also for a tile without work (its result is not read): a conditional S
+    // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
+    // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
+    // must stay conditional since without a pending tile there is no landed V to multiply, now
+    // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
+    // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
+    IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, c.pa,
+                             descs.V(c.stage), c.pending);
+    pp.AfterScores();
+    if constexpr (kMetaUnderGemms) read_meta();
+    WaitScoresOf<1>(s);
+    on_scores(e + 1 == count ? lane : 1);
+    MbarArriveLane0(sm.bar_empty + 8 * stage, lane);  // K(e) read (or not needed)
+    float alpha[2] = {1.f, 1.f};
+    if (work) {
+      if (mask != 0 || blk >= blk_full) {  // warpgroup-uniform: a full tile skips the mask
+        ApplyMask<kBlock>(s, p, mask, static_cast<int64_t>(blk) * kBlock, nk, rows.my_row0,
+                          rows.delta, rows.t);
+      }
+      softmax.StepScores(s, alpha, p.scale_log2);
+    }
+    WgmmaWait<0>();
+#pragma unroll
+    for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+    MbarArriveLane0(bar_empty_v + 8 * c.stage, c.pending ? lane : 1);  // V(e-1) read
+    if constexpr (!kFirst) {
+      if (work) {
+        // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
+        // otherwise): a warp vote, so the branch is warp-uniform.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+          softmax.RescaleO(acc_o, alpha);
+        }
+      }
+    }
+    if (work) {
+      PackP<typename Traits::Elem, kBlock>(s, c.pa);
+    } else {
+      // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
+      // after the release, so the release must not overtake the copy).
+      MbarWait(bar_full_v + 8 * stage, parity);
+      MbarArriveLane0(bar_empty_v + 8 * stage, lane);
+    }
+    if constexpr (kFirst) {
+      // O is the previous item's, complete now: written out and zeroed for this item (whose
+      // first tile needs no rescale). After PackP, so that S is no longer live.
+      finish_prev();
+    }
+    c.pending = work;
+    c.stage = work ? stage : c.stage;
+    c.parity = work ? parity : c.parity;
+  };
+  consume_tile(std::true_type{}, 0);
+  for (int e = 1; e < count; ++e) consume_tile(std::false_type{}, e);
+}
+
+// Consumer warpgroup `wg`: per item, wait for Q and the item's metadata, run its 64 rows against
+// the item's tiles (the ring continues across items), release Q after the last S GEMM. The
+// item's last P V GEMM and its epilogue are carried into the next item's first tile
+// (ConsumerCarry); after the CTA's last item they run on their own. An item without tiles writes
+// its empty output from constants and leaves the carry alone. Softmax statistics are per item
+// (the carried item's go with it), O is zeroed once its item is written.
+template <typename Traits>
+__device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
+                                                  const WarpSpecializedSmem& sm,
+                                                  uint32_t bar_full_v, uint32_t bar_empty_v,
+                                                  const int* item_meta, int num_items, int64_t nk,
+                                                  int wg, int warp, int lane) {
+  constexpr int kHeadDim = Traits::kHeadDim;
+  // This warpgroup's Q rows: landed / released, and its metadata slot.
+  const uint32_t bar_q_full = QFullBar<Traits>(sm, wg);
+  const uint32_t bar_q_empty = QEmptyBar<Traits>(sm, wg);
+  const int* const meta = item_meta + 4 * wg;
+  const int64_t delta = p.q_pos_offset - p.k_pos_offset;
+  const int64_t row_in_wg = (warp % 4) * 16 + lane / 4;  // the thread's first row in its 64
+  const uint32_t q_wg = sm.q + wg * 64 * 128;
+
+  const PingPong<Traits::kConsumerWarpgroups> pp(wg);
+  pp.Start();
+  float acc_o[kHeadDim / 2];  // (64, kHeadDim) O of this warpgroup, wgmma accumulator layout
+  auto zero_o = [&] {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
+  };
+  zero_o();
+  OnlineSoftmax<Traits::kBlock, kHeadDim> softmax;
+  softmax.Reset();
+  ConsumerCarry<Traits> c;
+  // The carried item's output (rows past the query end are skipped inside StoreOutput).
+  auto store_prev = [&] {
+    const int64_t wg_row0 = static_cast<int64_t>(c.row) * Traits::kBlockM + wg * 64;
+    StoreOutput<typename Traits::Elem>(p, acc_o, c.softmax, MakeOutputBase(p, c.y, c.z),
+                                       wg_row0 + row_in_wg, lane % 4);
+  };
+  uint32_t gbase = 0;  // global tile index of the item's first tile
+  uint32_t local = 0;  // items of this CTA so far
+  for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
+    // Q rows and the metadata of this item (the Q warp).
+    MbarWait(bar_q_full, local & 1u);
+    const int row = meta[0];
+    const int count = meta[1];
+    const int y = meta[2];
+    const int z = meta[3];
+    const int64_t wg_row0 = static_cast<int64_t>(row) * Traits::kBlockM + wg * 64;
+    if (count == 0) {
+      // No S GEMM reads this Q; the item's rows have no admissible key: O = 0 and LSE = -inf
+      // (accumulate mode: untouched), written from constants, so the carry goes on past it.
+      MbarArriveLane0(bar_q_empty, lane);
+      float zeros[kHeadDim / 2];
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) zeros[i] = 0.f;
+      OnlineSoftmax<Traits::kBlock, kHeadDim> none;
+      none.Reset();
+      StoreOutput<typename Traits::Elem>(p, zeros, none, MakeOutputBase(p, y, z),
+                                         wg_row0 + row_in_wg, lane % 4);
+      continue;
+    }
+    softmax.Reset();
+    const ConsumerRow cr{q_wg, wg_row0, wg_row0 < p.seqlen};
+    const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
+    ConsumeItemOverlapped<Traits>(
+        p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, cr, rows, nk, acc_o, softmax, c,
+        [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
+        [&] {
+          if (c.owed) {
+            store_prev();
+            // O's registers are zeroed only after the stores read them (not moved elsewhere
+            // first, which would make ptxas wait for the GEMMs right after their issue).
+#pragma unroll
+            for (int i = 0; i < kHeadDim / 2; ++i) FenceReg(acc_o[i]);
+            zero_o();
+          }
+        });
+    gbase += static_cast<uint32_t>(count);
+    // This item's epilogue is owed from here on (after its last P V GEMM, when one is pending).
+    c.owed = true;
+    c.softmax = softmax;
+    c.row = row;
+    c.y = y;
+    c.z = z;
+  }
+  // The CTA's last item: its pending GEMM and its epilogue.
+  if (c.pending) {
+    MbarWait(bar_full_v + 8 * c.stage, c.parity);
+    GemmPVDesc<Traits>(acc_o, c.pa, RingDescs<Traits>(q_wg, sm.kv).V(c.stage));
+    MbarArriveLane0(bar_empty_v + 8 * c.stage, lane);
+  }
+  if (c.owed) store_prev();
+}
+
+#endif  // ATTNSERVE_FLASH_SM90_DEVICE
+
+}  // namespace flash_sm90
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_CONSUMER_CUH_
