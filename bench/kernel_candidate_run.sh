@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One call on a two-GPU host (nvidia-h200-x2) for a kernel candidate: every GPU test binary of the
+# candidate's bundle on GPU 1 while bench/kernel_ab.sh interleaves the attnbench_cuda builds on
+# GPU 0; then the FlashAttention-4 comparison of the candidate (when FA4 is installed), then the
+# tests that need both GPUs. About 3-4 minutes on an H200 pair.
+#
+# Usage (bundle unpacked at B, as docs/DEVELOPERS.md "GPU runs" says; FA4 in FA4_SITE or absent):
+#   B=/tmp/bundle FA4_SITE=/tmp/fa4site \
+#   VARIANTS="main:/tmp/bundle/var/attnbench_cuda_main new:/tmp/bundle/bin/attnbench_cuda" \
+#     bench/kernel_candidate_run.sh OUT
+# Writes OUT/ab/ (kernel_ab.sh), OUT/tests/ and OUT/ring/ (a log per test binary and summary.txt),
+# OUT/compare/ (kernel_compare_run.sh). A call returns a limited number of files: tar OUT.
+set -u
+O=${1:?usage: B=BUNDLE VARIANTS=... $0 OUT}
+B=${B:?B: the unpacked bundle (bin/, lib/, env.sh)}
+VARIANTS=${VARIANTS:-new:$B/bin/attnbench_cuda}
+REPS=${REPS:-7}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$O/tests" "$O/ring"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# shellcheck disable=SC1091
+[ -f "$B/env.sh" ] && source "$B/env.sh"
+T0=$(date +%s); stamp() { echo "[$(($(date +%s) - T0)) s] $*"; }
+summarize() {  # binary log -> one line
+  echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | tr '\n' ' ')"
+}
+timeout 10 nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv
+(
+  export CUDA_VISIBLE_DEVICES=1
+  for t in flash_sm90_test cuda_attention_test flash_decode_test rect_attention_test \
+      cudnn_sdpa_test cuda_device_test pinned_host_test device_io_test; do
+    [ -x "$B/bin/$t" ] || { echo "$t missing from the bundle"; continue; }
+    timeout -k 5 240 "$B/bin/$t" > "$O/tests/$t.log" 2>&1
+    summarize "$t" $? "$O/tests/$t.log"
+  done
+) > "$O/tests/summary.txt" 2>&1 &
+TP=$!
+stamp "A/B start ($VARIANTS)"
+CUDA_VISIBLE_DEVICES=0 REPS=$REPS VARIANTS="$VARIANTS" \
+  timeout -k 5 300 bash "$HERE/bench/kernel_ab.sh" "$O/ab" > "$O/ab.log" 2>&1
+stamp "A/B rc=$?"; head -12 "$O/ab/ab.md" 2>/dev/null
+wait $TP; stamp "single-GPU tests done"; cat "$O/tests/summary.txt"
+if [ -n "${FA4_SITE:-}" ] && [ -d "$FA4_SITE" ]; then
+  CUDA_VISIBLE_DEVICES=0 NEW=$B FA4_SITE=$FA4_SITE \
+    timeout -k 5 200 bash "$HERE/bench/kernel_compare_run.sh" "$O/compare" > "$O/compare.log" 2>&1
+  stamp "FA4 comparison rc=$?"; tail -25 "$O/compare/summary.md"
+else
+  stamp "FA4_SITE not set or missing: FA4 comparison skipped"
+fi
+export ATTNSERVE_BINARY=$B/bin/attnserve
+for t in ring_cuda_test dilated_ring_cuda_test sharded_context_gpu_test service_ring_gpu_test; do
+  [ -x "$B/bin/$t" ] || { echo "$t missing from the bundle"; continue; }
+  timeout -k 5 150 "$B/bin/$t" > "$O/ring/$t.log" 2>&1
+  summarize "$t" $? "$O/ring/$t.log"
+done | tee "$O/ring/summary.txt"
+stamp "two-GPU tests done"
