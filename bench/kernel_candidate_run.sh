@@ -21,8 +21,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # shellcheck disable=SC1091
 [ -f "$B/env.sh" ] && source "$B/env.sh"
 T0=$(date +%s); stamp() { echo "[$(($(date +%s) - T0)) s] $*"; }
-summarize() {  # binary log -> one line
-  echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | tr '\n' ' ')"
+summarize() {  # binary rc log -> one line (a failed parameterized test's line carries its
+  # parameter's byte dump: the verdict lines are cut, the log keeps them whole)
+  echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | cut -c1-200 | head -8 | tr '\n' ' ')"
 }
 timeout 10 nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv
 (

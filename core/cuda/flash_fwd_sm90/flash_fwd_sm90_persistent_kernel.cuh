@@ -80,7 +80,6 @@
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_PERSISTENT_KERNEL_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_PERSISTENT_KERNEL_CUH_
 
-
 #include <cuda.h>  // CUtensorMap (a plain struct; nothing of the driver library is linked)
 
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_consumer.cuh"
