@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, sm90_query_tile, "auto",
           "auto (the default: 192) | 128 | 192");
 ABSL_FLAG(std::string, sm90_key_tile, "auto",
           "persistent Hopper schedule at D = 128, dense / causal: keys per K/V tile, "
-          "auto (176 from 32768 keys on) | 128 | 176");
+          "auto (176 from 16384 keys on) | 128 | 176");
 
 namespace attnserve::bench {
 namespace {

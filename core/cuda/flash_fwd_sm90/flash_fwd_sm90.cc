@@ -62,10 +62,12 @@ int L2BytesOfCurrentDevice() {
 }
 
 // Whether the D = 128 persistent kernel takes K/V tiles of 176 keys (Sm90KeyTile): the implicit
-// dense and causal layouts only (a CSR tile is one layout block). kAuto: from 32768 keys on.
+// dense and causal layouts only (a CSR tile is one layout block). kAuto: from 16384 keys on.
 // Measured on an H200 (bench/results/h200x2-2026-11-27-kernel4/ab-keytile, three interleaved
 // reps, 176 against 128): N = 4096 +4% (causal +9%: a 176-key tile holds 23.3 of them, and the
-// second stage less), N = 16384 level (-1%), N = 65536 -4% (causal -6%).
+// second stage less), N = 16384 level (-1%), N = 65536 -4% (causal -6%). Since the softmax
+// halves around the P V wait (h200x2-2026-11-28-kernel7, nine reps in each of two calls):
+// N = 16384 -1% (dense, power-capped spread) and -2.2% / -2.6% causal, so from 16384 on.
 bool Sm90WideKeyTiles(const FlashFwdParams& p, Sm90KeyTile tile) {
   if (p.col_idx != nullptr) return false;
   switch (tile) {
@@ -74,7 +76,7 @@ bool Sm90WideKeyTiles(const FlashFwdParams& p, Sm90KeyTile tile) {
     case Sm90KeyTile::k128:
       return false;
     case Sm90KeyTile::kAuto:
-      return (p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen) >= 32768;
+      return (p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen) >= 16384;
   }
   return false;
 }

@@ -41,6 +41,15 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void StepScores(float (&s)[kBlock / 2], float (&alpha)[2],
                                              float scale_log2) {
     float scaled_max[2];
+    StepMax(s, alpha, scaled_max, scale_log2);
+    StepExp(s, scaled_max, scale_log2);
+  }
+
+  // The first half of StepScores: the tile's row maxima joined with the running ones, the
+  // factors alpha for O and the denominators (row_sum is rescaled here), and the scaled maxima
+  // StepExp subtracts. Reads s, does not change it.
+  __device__ __forceinline__ void StepMax(const float (&s)[kBlock / 2], float (&alpha)[2],
+                                          float (&scaled_max)[2], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       static_assert(kBlock % 16 == 0, "pairs of 8-key column groups");
@@ -71,6 +80,12 @@ struct OnlineSoftmax {
       row_max[h] = mx;
       row_sum[h] *= alpha[h];
     }
+  }
+
+  // The second half: the probabilities exp2(s * scale_log2 - scaled_max) in place, added to the
+  // denominators.
+  __device__ __forceinline__ void StepExp(float (&s)[kBlock / 2], const float (&scaled_max)[2],
+                                          float scale_log2) {
 #pragma unroll
     for (int i = 0; i < kBlock / 8; ++i) {
 #pragma unroll
