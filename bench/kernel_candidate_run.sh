@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One call on a two-GPU host (nvidia-h200-x2) for a kernel candidate: every GPU test binary of the
-# candidate's bundle on GPU 1 while bench/kernel_ab.sh interleaves the attnbench_cuda builds on
-# GPU 0; then the FlashAttention-4 comparison of the candidate (when FA4 is installed), then the
-# tests that need both GPUs. About 3-4 minutes on an H200 pair.
+# One call for a kernel candidate: on a two-GPU host (nvidia-h200-x2) every GPU test binary of the
+# candidate's bundle runs on GPU 1 while bench/kernel_ab.sh interleaves the attnbench_cuda builds
+# on GPU 0; on a one-GPU host the tests run on GPU 0 after the A/B (never next to it: they would
+# disturb its timing). Then the FlashAttention-4 comparison of the candidate (when FA4 is
+# installed), then the tests that need two GPUs (they skip their two-GPU cases on one GPU).
+# About 3-4 minutes on an H200 pair, a minute or two more on one H200.
 #
 # Usage (bundle unpacked at B, as docs/DEVELOPERS.md "GPU runs" says; FA4 in FA4_SITE or absent):
 #   B=/tmp/bundle FA4_SITE=/tmp/fa4site \
@@ -26,21 +28,28 @@ summarize() {  # binary rc log -> one line (a failed parameterized test's line c
   echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | cut -c1-200 | head -8 | tr '\n' ' ')"
 }
 timeout 10 nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv
-(
-  export CUDA_VISIBLE_DEVICES=1
+NGPU=$(timeout 10 nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+TEST_GPU=$([ "$NGPU" -ge 2 ] && echo 1 || echo 0)
+run_tests() {
+  export CUDA_VISIBLE_DEVICES=$TEST_GPU
   for t in flash_sm90_test cuda_attention_test flash_decode_test rect_attention_test \
       cudnn_sdpa_test cuda_device_test pinned_host_test device_io_test; do
     [ -x "$B/bin/$t" ] || { echo "$t missing from the bundle"; continue; }
     timeout -k 5 240 "$B/bin/$t" > "$O/tests/$t.log" 2>&1
     summarize "$t" $? "$O/tests/$t.log"
   done
-) > "$O/tests/summary.txt" 2>&1 &
-TP=$!
+}
+TP=
+if [ "$TEST_GPU" = 1 ]; then
+  run_tests > "$O/tests/summary.txt" 2>&1 &
+  TP=$!
+fi
 stamp "A/B start ($VARIANTS)"
 CUDA_VISIBLE_DEVICES=0 REPS=$REPS VARIANTS="$VARIANTS" \
   timeout -k 5 300 bash "$HERE/bench/kernel_ab.sh" "$O/ab" > "$O/ab.log" 2>&1
 stamp "A/B rc=$?"; head -12 "$O/ab/ab.md" 2>/dev/null
-wait $TP; stamp "single-GPU tests done"; cat "$O/tests/summary.txt"
+if [ -n "$TP" ]; then wait "$TP"; else (run_tests) > "$O/tests/summary.txt" 2>&1; fi
+stamp "single-GPU tests done (GPU $TEST_GPU)"; cat "$O/tests/summary.txt"
 if [ -n "${FA4_SITE:-}" ] && [ -d "$FA4_SITE" ]; then
   CUDA_VISIBLE_DEVICES=0 NEW=$B FA4_SITE=$FA4_SITE \
     timeout -k 5 200 bash "$HERE/bench/kernel_compare_run.sh" "$O/compare" > "$O/compare.log" 2>&1
