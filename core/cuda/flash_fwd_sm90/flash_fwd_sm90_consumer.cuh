@@ -37,9 +37,10 @@ struct ConsumerCarry {
 // The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
 // the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
 // window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
-// producer, S(e) is masked and turned into P(e) while the P V GEMM still runs; then that GEMM is
-// waited for, V(e-1) goes back, and O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1) +
-// P_(e-1) V_(e-1)): the rescale must follow the GEMM that accumulates into O). At tile 0 the
+// producer, S(e) is masked and its row maxima are taken while the P V GEMM still runs; then that
+// GEMM is waited for, V(e-1) goes back, O is rescaled by tile e's factor (O_e = alpha_e (O_(e-1)
+// + P_(e-1) V_(e-1)): the rescale must follow the GEMM that accumulates into O), and the
+// exponentials turn S(e) into P(e), packed into the registers the GEMM was reading. At tile 0 the
 // pending GEMM is the previous item's last (ConsumerCarry): once it completed, `finish_prev`
 // writes that item's output and zeroes O for this item. The item's own last P V stays pending
 // for the next item (or for the end of ConsumePersistent). Tile 0 is a compile-time variant of
@@ -118,9 +119,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     MbarArriveLane0(sm.bar_empty + 8 * stage, lane);  // K(e) read (or not needed)
     // The softmax of S(e) in two halves around the P V wait, as FlashAttention-4's sm90 loop
     // has it: the row maxima (and O's factors) under the P V GEMM, the exponentials after its
-    // wait, so that the P packing (whose registers the in-flight GEMM still reads) and the O
-    // rescale interleave with them and the tile ends on its last exponential instead of on 32
-    // conversions after it. (Measured on an H200, nine interleaved reps, bench/results/
+    // wait, so that the P packing (whose registers the in-flight GEMM still reads) interleaves
+    // with them and the tile ends on its last exponential instead of on 32 conversions after it. (Measured on an H200, nine interleaved reps, bench/results/
     // h200x2-2026-11-28-kernel7/ab-ew and ab-hy: causal 2.0%, D = 64 1.2-1.6% faster, dense
     // and 90% skipped level, local_window 99% skipped 1.6% slower, random 99% level. The
     // exponentials before the wait at tile 0 only changed nothing measurable.)
