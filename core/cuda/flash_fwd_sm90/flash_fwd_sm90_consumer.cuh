@@ -56,13 +56,12 @@ template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
     uint32_t bar_empty_v, uint32_t gbase, int count,
-    const PingPong<Traits::kConsumerWarpgroups>& pp, int lane, const ConsumerRow& cr,
-    const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
+    const PingPong<Traits::kConsumerWarpgroups>& pp, int lane, const RingDescs<Traits>& descs,
+    const ConsumerRow& cr, const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
     OnScores on_scores, FinishPrev finish_prev) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kStages = Traits::kStages;
-  const RingDescs<Traits> descs(cr.q_wg, sm.kv);
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -186,7 +185,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   const int* const meta = item_meta + 4 * wg;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
   const int64_t row_in_wg = (warp % 4) * 16 + lane / 4;  // the thread's first row in its 64
-  const uint32_t q_wg = sm.q + wg * 64 * 128;
+  // The wgmma descriptors of this warpgroup's Q rows and of the K/V ring, built once.
+  const RingDescs<Traits> descs(sm.q + wg * 64 * 128, sm.kv);
 
   const PingPong<Traits::kConsumerWarpgroups> pp(wg);
   pp.Start();
@@ -229,10 +229,11 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
       continue;
     }
     softmax.Reset();
-    const ConsumerRow cr{q_wg, wg_row0, wg_row0 < p.seqlen};
+    const ConsumerRow cr{wg_row0, wg_row0 < p.seqlen};
     const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
     ConsumeItemOverlapped<Traits>(
-        p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, cr, rows, nk, acc_o, softmax, c,
+        p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, descs, cr, rows, nk, acc_o,
+        softmax, c,
         [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
         [&] {
           if (c.owed) {
@@ -255,7 +256,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   // The CTA's last item: its pending GEMM and its epilogue.
   if (c.pending) {
     MbarWait(bar_full_v + 8 * c.stage, c.parity);
-    GemmPVDesc<Traits>(acc_o, c.pa, RingDescs<Traits>(q_wg, sm.kv).V(c.stage));
+    GemmPVDesc<Traits>(acc_o, c.pa, descs.V(c.stage));
     MbarArriveLane0(bar_empty_v + 8 * c.stage, lane);
   }
   if (c.owed) store_prev();

@@ -257,7 +257,6 @@ struct PingPong {
 // Where a consumer warpgroup of the warp-specialized kernel stands in the current row (work
 // item).
 struct ConsumerRow {
-  uint32_t q_wg;    // its (64, kHeadDim) Q rows in smem
   int64_t wg_row0;  // its first query row
   bool active;      // any of its rows before the query end (warpgroup-uniform)
 };
