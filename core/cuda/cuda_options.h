@@ -64,8 +64,8 @@ enum class Sm90QueryTile { kAuto, k128, k192 };
 //   k176: 176 keys (two stages; producer 40 / consumers 232 registers), the tile
 //         FlashAttention-3 takes for dense D = 128: the per-tile work around the GEMMs is spread
 //         over 1.375x the GEMM time; needs TMA loads, else k128 runs.
-//   kAuto: k176 from 16384 keys on (measured on an H200: 4-6% faster at 65536, 1-3% at 16384,
-//          4-9% slower at 4096; flash_fwd_sm90.cc: Sm90WideKeyTiles).
+//   kAuto: k176 from 16384 keys on (measured on an H200: 4-6% faster at 65536, 2-6% at 16384,
+//          slower at 4096; flash_fwd_sm90.cc: Sm90WideKeyTiles).
 enum class Sm90KeyTile { kAuto, k128, k176 };
 
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,

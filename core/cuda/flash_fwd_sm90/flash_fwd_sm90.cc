@@ -66,8 +66,9 @@ int L2BytesOfCurrentDevice() {
 // Measured on an H200 (bench/results/h200x2-2026-11-27-kernel4/ab-keytile, three interleaved
 // reps, 176 against 128): N = 4096 +4% (causal +9%: a 176-key tile holds 23.3 of them, and the
 // second stage less), N = 16384 level (-1%), N = 65536 -4% (causal -6%). Since the softmax
-// halves around the P V wait (h200x2-2026-11-28-kernel7, nine reps in each of two calls):
-// N = 16384 -1% (dense, power-capped spread) and -2.2% / -2.6% causal, so from 16384 on.
+// halves around the P V wait (h200x2-2026-11-28-kernel7: ab-ew, ab-hy, ab-keytile): N = 16384
+// causal 2.2-2.6% faster in three calls, dense 1-6.5% (its power-capped spread); N = 4096
+// causal still 4.4% slower. So from 16384 on.
 bool Sm90WideKeyTiles(const FlashFwdParams& p, Sm90KeyTile tile) {
   if (p.col_idx != nullptr) return false;
   switch (tile) {
