@@ -88,16 +88,11 @@ __device__ __forceinline__ void PvStepsDesc(float (&acc_o)[Traits::kHeadDim / 2]
     Wgmma<Traits::kHeadDim, Traits::kBF16>::Rs(acc_o, pa[kk], DescAdd(db, (kk * 16 * 128) >> 4), 1);
   }
 }
-template <typename Traits>
-__device__ __forceinline__ void PvSteps(float (&acc_o)[Traits::kHeadDim / 2],
-                                        uint32_t (&pa)[Traits::kBlock / 16][4], uint32_t v_tile) {
-  PvStepsDesc<Traits>(acc_o, pa, MakeDesc(v_tile, Traits::kPanelBytes, 1024));
-}
 
-// A consumer's wgmma descriptors for the persistent kernel's K/V ring: its Q rows (per item) and
+// A consumer warpgroup's wgmma descriptors for the persistent kernel's K/V ring: its Q rows and
 // the K and V tiles of stage 0; stage s's are one add away (K(s) / V(s)), since stage tiles
 // lie kStageBytes apart below 2^18 (the start-address field takes offset >> 4 without a carry).
-// Built once, so the per-tile path from the ping-pong barrier to the GEMM issue holds no
+// Built once per warpgroup, so the per-tile path from the ping-pong barrier to the GEMM issue holds no
 // descriptor arithmetic (the profile of the dense kernel had ~12 uniform instructions of it
 // there per tile).
 template <typename Traits>
@@ -169,7 +164,7 @@ __device__ __forceinline__ void PackP(const float (&s)[kBlock / 2],
   }
 }
 
-// O += P V (PvSteps), waited for before returning: the caller releases the stage next.
+// O += P V (PvStepsDesc), waited for before returning: the caller releases the stage next.
 // GemmPVDesc takes V's descriptor (RingDescs), GemmPV the tile's address.
 template <typename Traits>
 __device__ __forceinline__ void GemmPVDesc(float (&acc_o)[Traits::kHeadDim / 2],
