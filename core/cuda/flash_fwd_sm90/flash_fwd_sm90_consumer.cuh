@@ -55,13 +55,16 @@ struct ConsumerCarry {
 template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
-    uint32_t bar_empty_v, uint32_t gbase, int count,
-    const PingPong<Traits::kConsumerWarpgroups>& pp, int lane, const RingDescs<Traits>& descs,
-    const ConsumerRow& cr, const ThreadRows& rows, int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
+    uint32_t bar_empty_v,
+    RingPos<Traits::kStages>& ring, int count, const PingPong<Traits::kConsumerWarpgroups>& pp,
+    const RingDescs<Traits>& descs, const ConsumerRow& cr, const ThreadRows& rows,
+    int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
     OnScores on_scores, FinishPrev finish_prev) {
   constexpr int kBlock = Traits::kBlock;
-  constexpr int kStages = Traits::kStages;
+  // The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a mask
+  // kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile.
+  constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -75,30 +78,41 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // Pinned (an empty asm that "changes" them), so that ptxas keeps the three words rather than
   // recomputing them from the 64-bit positions inside the loop.
   asm volatile("" : "+r"(blk_end), "+r"(blk_full), "+r"(causal_last));
+  // The implicit-only variants' tile tests against two per-item bounds: tile e (= key block e)
+  // has work iff e < work_end (before the key end, and not a causal tile past the warpgroup's
+  // last row: e < first_masked or e <= causal_last), and is masked iff e >= mask_from (a causal
+  // diagonal tile or the ragged last one).
+  int work_end = 0;
+  int mask_from = 0;
+  if constexpr (kImplicitOnly) {
+    work_end = min(blk_end, max(cr.first_masked, causal_last + 1));
+    mask_from = min(cr.first_masked, blk_full);
+    asm volatile("" : "+r"(work_end), "+r"(mask_from));
+  }
   // Tile e; kFirst (tile 0, a compile-time variant outside the loop) finishes the previous item
   // instead of rescaling O, so that the loop body holds no epilogue.
   auto consume_tile = [&](auto first, int e) {
     constexpr bool kFirst = decltype(first)::value;
-    const uint32_t gi = gbase + static_cast<uint32_t>(e);
-    const int stage = static_cast<int>(gi % kStages);
-    const uint32_t parity = (gi / kStages) & 1u;
+    const int stage = ring.stage;
+    const uint32_t parity = ring.parity;
+    ring.Advance();
     MbarWait(sm.bar_full + 8 * stage, parity);
-    // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it. With
-    // one or two consumer warpgroups it is read under the GEMMs, after the issue; with three
-    // (160 registers) before the barrier. (Measured on an H200, interleaved reps, bench/results/
-    // h200x2-2026-11-27-kernel3/ab-meta-order: after the issue dense D = 128 6%, causal 1%, 99%
-    // skipped 1% faster; at D = 64 with three warpgroups 3.5% slower.) The slot is rewritten only
-    // after this warpgroup's K release below.
     int mask = 0;
     int blk = 0;
     bool work = false;
-    auto read_meta = [&] {
-      mask = sm.meta[2 * stage + 1];
-      blk = sm.meta[2 * stage];
-      work = blk < blk_end && !(mask == 1 && blk > causal_last);
+    bool masked = false;  // the tile needs ApplyMask
+    auto read_meta = [&] {  // run after the GEMM issue (below)
+      if constexpr (kImplicitOnly) {
+        blk = e;
+        work = e < work_end;
+        masked = e >= mask_from;
+      } else {
+        mask = sm.meta[2 * stage + 1];
+        blk = sm.meta[2 * stage];
+        work = blk < blk_end && !(mask == 1 && blk > causal_last);
+        masked = mask != 0 || blk >= blk_full;
+      }
     };
-    constexpr bool kMetaUnderGemms = Traits::kConsumerWarpgroups <= 2;
-    if constexpr (!kMetaUnderGemms) read_meta();
     if (c.pending) MbarWait(bar_full_v + 8 * c.stage, c.parity);  // V(e-1) landed
 
     float s[kBlock / 2];
@@ -112,21 +126,37 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, c.pa,
                              descs.V(c.stage), c.pending);
     pp.AfterScores();
-    if constexpr (kMetaUnderGemms) read_meta();
+    // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it, taken
+    // under the GEMMs, after the issue: the CSR variants read the stage's slot (rewritten only
+    // after this warpgroup's K release below; read under the GEMMs rather than before the
+    // barrier: dense D = 128 6%, causal 1%, 99% skipped 1% faster on an H200, bench/results/
+    // h200x2-2026-11-27-kernel3/ab-meta-order), the implicit-only ones compute it from e. (The
+    // three-warpgroup variant, implicit-only, read the slot before the barrier, where the load
+    // sat on the path to the GEMM issue; computing it, with RingPos and LaneId, took 2.1% fewer
+    // cycles at D = 64, 0.8% at D = 128: h200x2-2026-11-28-kernel8/cycles.)
+    static_assert(kImplicitOnly || Traits::kConsumerWarpgroups <= 2,
+                  "a CSR variant with three consumer warpgroups would hold the slot's values "
+                  "across the GEMM issue at 160 registers: measure where it reads them first");
+    read_meta();
+    // The lane, read again per tile rather than kept: at three consumer warpgroups (160
+    // registers) ptxas spilled it and reloaded it from local memory every tile.
+    const int ln = LaneId();
     WaitScoresOf<1>(s);
-    on_scores(e + 1 == count ? lane : 1);
-    MbarArriveLane0(sm.bar_empty + 8 * stage, lane);  // K(e) read (or not needed)
+    on_scores(e + 1 == count ? ln : 1);
+    MbarArriveLane0(sm.bar_empty + 8 * stage, ln);  // K(e) read (or not needed)
     // The softmax of S(e) in two halves around the P V wait, as FlashAttention-4's sm90 loop
     // has it: the row maxima (and O's factors) under the P V GEMM, the exponentials after its
     // wait, so that the P packing (whose registers the in-flight GEMM still reads) interleaves
-    // with them and the tile ends on its last exponential instead of on 32 conversions after it. (Measured on an H200, nine interleaved reps, bench/results/
+    // with them and the tile ends on its last exponential instead of on 32 conversions after
+    // it. (Measured on an H200, nine interleaved reps, bench/results/
     // h200x2-2026-11-28-kernel7/ab-ew and ab-hy: causal 2.0%, D = 64 1.2-1.6% faster, dense
     // and 90% skipped level, local_window 99% skipped 1.6% slower, random 99% level. The
     // exponentials before the wait at tile 0 only changed nothing measurable.)
     float alpha[2] = {1.f, 1.f};
     float scaled_max[2] = {0.f, 0.f};
     if (work) {
-      if (mask != 0 || blk >= blk_full) {  // warpgroup-uniform: a full tile skips the mask
+      if (masked) {  // warpgroup-uniform: a full tile skips the mask
+        if constexpr (kImplicitOnly) mask = e >= cr.first_masked ? 1 : 0;
         ApplyMask<kBlock>(s, p, mask, static_cast<int64_t>(blk) * kBlock, nk, rows.my_row0,
                           rows.delta, rows.t);
       }
@@ -135,7 +165,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     WgmmaWait<0>();
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
-    MbarArriveLane0(bar_empty_v + 8 * c.stage, c.pending ? lane : 1);  // V(e-1) read
+    MbarArriveLane0(bar_empty_v + 8 * c.stage, c.pending ? ln : 1);  // V(e-1) read
     if (work) {
       if constexpr (!kFirst) {
         // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
@@ -151,7 +181,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
       // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
       // after the release, so the release must not overtake the copy).
       MbarWait(bar_full_v + 8 * stage, parity);
-      MbarArriveLane0(bar_empty_v + 8 * stage, lane);
+      MbarArriveLane0(bar_empty_v + 8 * stage, ln);
     }
     if constexpr (kFirst) {
       // O is the previous item's, complete now: written out and zeroed for this item (whose
@@ -205,7 +235,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     StoreOutput<typename Traits::Elem>(p, acc_o, c.softmax, MakeOutputBase(p, c.y, c.z),
                                        wg_row0 + row_in_wg, lane % 4);
   };
-  uint32_t gbase = 0;  // global tile index of the item's first tile
+  RingPos<Traits::kStages> ring;  // the stage of the CTA's next tile
   uint32_t local = 0;  // items of this CTA so far
   for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
     // Q rows and the metadata of this item (the Q warp).
@@ -229,10 +259,13 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
       continue;
     }
     softmax.Reset();
-    const ConsumerRow cr{wg_row0, wg_row0 < p.seqlen};
+    const ConsumerRow cr{
+        wg_row0, wg_row0 < p.seqlen,
+        Traits::kImplicitOnly ? ImplicitFirstMaskedTile<Traits::kItemRows, Traits::kTileKeys>(p, row)
+                              : INT_MAX};
     const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
     ConsumeItemOverlapped<Traits>(
-        p, sm, bar_full_v, bar_empty_v, gbase, count, pp, lane, descs, cr, rows, nk, acc_o,
+        p, sm, bar_full_v, bar_empty_v, ring, count, pp, descs, cr, rows, nk, acc_o,
         softmax, c,
         [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
         [&] {
@@ -245,7 +278,6 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
             zero_o();
           }
         });
-    gbase += static_cast<uint32_t>(count);
     // This item's epilogue is owed from here on (after its last P V GEMM, when one is pending).
     c.owed = true;
     c.softmax = softmax;

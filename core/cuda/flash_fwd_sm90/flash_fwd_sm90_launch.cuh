@@ -53,7 +53,7 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN>;
   if (params.block_size != Traits::kLayoutBlock) return cudaErrorInvalidValue;  // a caller bug
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
-  constexpr bool kImplicitOnly = Traits::kItemRows != 0 || Traits::kTileKeys != 0;
+  constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
   Sm90TmaMaps maps{};
   // Q in boxes of one consumer warpgroup's 64 rows: each warpgroup's rows load on their own.

@@ -7,6 +7,7 @@
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_TILE_SCHEDULER_CUH_
 
+#include <climits>
 #include <cstdint>
 
 #include "core/cuda/flash_fwd/flash_fwd_params.h"
@@ -117,10 +118,28 @@ __device__ __forceinline__ WorkItem DecodeWorkItem(const FlashFwdParams& p, int 
   return w;
 }
 
+// The implicit layouts' tile e of item row `row` is key tile e; in the causal one, mask kind 1
+// (causal diagonal) from the first tile whose keys reach past the item's first query row on:
+// (e + 1) * tile keys > row * item rows + 1, i.e. e >= (row * item rows + 1) / tile keys (with
+// items and tiles of one layout block: e >= row, the diagonal block, the row's last tile).
+// INT_MAX (no tile masked) for the dense layout. Per item, so that the consumers of the
+// implicit-only variants derive each tile's kind from e instead of reading it from shared
+// memory.
+template <int kItemRows = 0, int kTileKeys = 0>
+__device__ __forceinline__ int ImplicitFirstMaskedTile(const FlashFwdParams& p, int row) {
+  if (!p.dense_causal) return INT_MAX;
+  if constexpr (kItemRows == 0 && kTileKeys == 0) {
+    return row;
+  } else {
+    const int64_t item_rows = kItemRows != 0 ? kItemRows : p.block_size;
+    const int64_t tile_keys = kTileKeys != 0 ? kTileKeys : p.block_size;
+    return static_cast<int>((static_cast<int64_t>(row) * item_rows + 1) / tile_keys);
+  }
+}
+
 // Key tile (in units of the tile's key rows: its first key is tile * key rows) and mask kind (0
-// full, 1 causal diagonal, 2 partial) of tile e of item row `row`. The implicit causal layout
-// masks the tiles that reach past the item's first query row (with items and tiles of one layout
-// block: the diagonal block only).
+// full, 1 causal diagonal, 2 partial) of tile e of item row `row`: the CSR entry, or on the
+// implicit layouts tile e with ImplicitFirstMaskedTile's kind.
 template <int kItemRows = 0, int kTileKeys = 0>
 __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, int64_t begin, int e,
                                             int& mask) {
@@ -129,16 +148,7 @@ __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, in
     mask = p.block_mask[begin + e];
     return blk;
   }
-  if constexpr (kItemRows == 0 && kTileKeys == 0) {
-    mask = (p.dense_causal && e == row) ? 1 : 0;
-  } else {
-    const int64_t item_rows = kItemRows != 0 ? kItemRows : p.block_size;
-    const int64_t tile_keys = kTileKeys != 0 ? kTileKeys : p.block_size;
-    mask = (p.dense_causal && static_cast<int64_t>(e + 1) * tile_keys >
-                                  static_cast<int64_t>(row) * item_rows + 1)
-               ? 1
-               : 0;
-  }
+  mask = e >= ImplicitFirstMaskedTile<kItemRows, kTileKeys>(p, row) ? 1 : 0;
   return e;
 }
 

@@ -86,6 +86,9 @@ struct Sm90WarpSpecializedTraits {
   // block).
   static constexpr int kItemRows = kBlockM == kLayoutBlock ? 0 : kBlockM;
   static constexpr int kTileKeys = kBlock == kLayoutBlock ? 0 : kBlock;
+  // Variants that run the implicit dense / causal layouts only (no CSR): 192-row items, 176-key
+  // tiles.
+  static constexpr bool kImplicitOnly = kItemRows != 0 || kTileKeys != 0;
   static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kCtasPerSm = kConsumerWarpgroups == 1 ? 2 : 1;  // __launch_bounds__
   // Warps of the producer warpgroup that load K/V by cp.async (the next one loads Q, the last
@@ -257,8 +260,24 @@ struct PingPong {
 // Where a consumer warpgroup of the warp-specialized kernel stands in the current row (work
 // item).
 struct ConsumerRow {
-  int64_t wg_row0;  // its first query row
-  bool active;      // any of its rows before the query end (warpgroup-uniform)
+  int64_t wg_row0;     // its first query row
+  bool active;         // any of its rows before the query end (warpgroup-uniform)
+  int first_masked;    // implicit layouts: ImplicitFirstMaskedTile of the item
+};
+
+// Where the consumer stands in the K/V ring: the stage of its next tile and that stage's
+// full-barrier parity. Advanced by one per tile, across items (the CTA's tile sequence G: stage
+// G % kStages, parity (G / kStages) & 1), so the loop head holds no division by kStages (three
+// stages: a multiply-high, shifts and a multiply-subtract before the full-barrier wait).
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void Advance() {
+    const bool wrap = stage + 1 == kStages;
+    stage = wrap ? 0 : stage + 1;
+    parity ^= wrap ? 1u : 0u;
+  }
 };
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
