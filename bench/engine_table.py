@@ -4,7 +4,10 @@
   bench/engine_table.py [--gpu NAME] [--source DIR] [--no-header] [--mean] BENCH.json [...]
 
 For each dense or window case of the files, pairs the "own" row (our kernel) with the "attnserve"
-row that ran cuDNN (engine "cudnn") and prints one CSV row of the server's engine table:
+row that ran cuDNN (engine "cudnn") and prints one CSV row of the server's engine table. Run
+attnbench_cuda with ATTNSERVE_ATTENTION_ENGINE=cudnn for this: in the default (auto) mode its
+attnserve row follows the built-in table, as the server does, and is our kernel again wherever
+the table already chose it. The row:
 
   gpu,dtype,head_dim,causal,pattern,tokens,own_ms,cudnn_ms,source
 

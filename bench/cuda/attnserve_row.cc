@@ -1,5 +1,6 @@
 #include "bench/cuda/attnserve_row.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/engine_table.h"
 #include "core/util/status_macros.h"
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
 #include "core/cuda/cudnn_sdpa/cudnn_sdpa.h"
@@ -23,6 +25,7 @@ bool DenseOrWindow(const AttentionSpec& spec) {
 #ifdef ATTNSERVE_HAVE_CUDNN_FRONTEND
 struct AttnserveEngine::State {
   int device = 0;
+  std::string model;  // cudaDeviceProp::name, what the engine table is keyed by
   CachingAllocator* alloc = nullptr;
   std::unique_ptr<CudnnSdpa> sdpa;
   absl::Status status;  // why sdpa could not be created
@@ -65,6 +68,8 @@ AttnserveEngine::AttnserveEngine(int device, CachingAllocator& alloc)
     : state_(std::make_unique<State>()) {
   state_->device = device;
   state_->alloc = &alloc;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) state_->model = prop.name;
 }
 
 std::string AttnserveEngine::Describe() const {
@@ -119,8 +124,19 @@ Result RunCudnnRow(const Case& c, const Result& own, const CudaBenchOptions& opt
 Result RunAttnserveRow(const Case& c, const Result& own, const CudaBenchOptions& opt,
                        AttnserveEngine& served, CachingAllocator& alloc, cudaStream_t stream) {
   std::string why;
+  // Auto mode consults the built-in engine table first, as CudaDevice::ChooseEngine does: a case
+  // measured faster on our kernel on this GPU model stays on it (the server's --engine-table
+  // file, when one is given, is not known here).
+  std::optional<EngineTableDecision> measured;
+  if (opt.cuda.engine == AttentionEngine::kAuto) {
+    measured = BuiltinEngineTable()->Lookup(served.state_->model, PatternName(c.spec.pattern),
+                                            c.spec.causal, c.dtype, c.shape.head_dim,
+                                            c.shape.tokens);
+  }
   if (opt.cuda.engine == AttentionEngine::kOwn) {
     why = "engine own (ATTNSERVE_ATTENTION_ENGINE)";
+  } else if (measured.has_value() && measured->engine == EngineTableChoice::kOwn) {
+    why = "engine table: " + measured->reason;
   } else if (CudnnSdpa* sdpa = served.state_->For(c, &why); sdpa != nullptr) {
     return RunCudnnRow(c, own, opt, *sdpa, alloc, stream);
   }

@@ -1,7 +1,10 @@
 // The "attnserve" row of a dense/window case: what the service's CudaDevice runs on that case.
-// In its default (auto) engine mode that is cuDNN's fused attention where CudnnSdpaSupports
+// In its default (auto) engine mode that is our flash_fwd kernels where the built-in engine table
+// measured them faster on this GPU model, else cuDNN's fused attention where CudnnSdpaSupports
 // takes the case, our kernels support the head dim too, and the loaded cuDNN has an engine for
-// it; else our flash_fwd kernels (the "own" row again, with the reason in the note).
+// it; else our kernels (the "own" row again, with the reason in the note). With
+// ATTNSERVE_ATTENTION_ENGINE=cudnn it is cuDNN wherever cuDNN runs the case: the timing
+// bench/engine_table.py pairs with the own row to measure the table.
 #ifndef ATTNSERVE_BENCH_CUDA_ATTNSERVE_ROW_H_
 #define ATTNSERVE_BENCH_CUDA_ATTNSERVE_ROW_H_
 
