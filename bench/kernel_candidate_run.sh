@@ -4,14 +4,14 @@
 # on GPU 0; on a one-GPU host the tests run on GPU 0 after the A/B (never next to it: they would
 # disturb its timing). Then the FlashAttention-4 comparison of the candidate (when FA4 is
 # installed), then the tests that need two GPUs (they skip their two-GPU cases on one GPU).
-# About 3-4 minutes on an H200 pair, a minute or two more on one H200.
+# About 4-5 minutes on an H200 pair, a minute or two more on one H200.
 #
 # Usage (bundle unpacked at B, as docs/DEVELOPERS.md "GPU runs" says; FA4 in FA4_SITE or absent):
 #   B=/tmp/bundle FA4_SITE=/tmp/fa4site \
 #   VARIANTS="main:/tmp/bundle/var/attnbench_cuda_main new:/tmp/bundle/bin/attnbench_cuda" \
 #     bench/kernel_candidate_run.sh OUT
 # Writes OUT/ab/ (kernel_ab.sh), OUT/tests/ and OUT/ring/ (a log per test binary and summary.txt),
-# OUT/compare/ (kernel_compare_run.sh). A call returns a limited number of files: tar OUT.
+# OUT/compare/ (kernel_compare_run.sh), OUT/interleaved/ (fa4_interleaved.py, five reps). A call returns a limited number of files: tar OUT.
 set -u
 O=${1:?usage: B=BUNDLE VARIANTS=... $0 OUT}
 B=${B:?B: the unpacked bundle (bin/, lib/, env.sh)}
@@ -54,6 +54,11 @@ if [ -n "${FA4_SITE:-}" ] && [ -d "$FA4_SITE" ]; then
   CUDA_VISIBLE_DEVICES=0 NEW=$B FA4_SITE=$FA4_SITE \
     timeout -k 5 200 bash "$HERE/bench/kernel_compare_run.sh" "$O/compare" > "$O/compare.log" 2>&1
   stamp "FA4 comparison rc=$?"; tail -25 "$O/compare/summary.md"
+  # The same cases with ours and FA4 alternating rep by rep (same thermal history on both sides).
+  CUDA_VISIBLE_DEVICES=0 timeout -k 5 240 python3 "$HERE/bench/fa4_interleaved.py" \
+    --bench "$B/bin/attnbench_cuda" --fa4-site "$FA4_SITE" --out "$O/interleaved" --reps 5 \
+    > "$O/interleaved.log" 2>&1
+  stamp "FA4 in alternation rc=$?"; rm -rf "$O/interleaved/csr"; cat "$O/interleaved/interleaved.md"
 else
   stamp "FA4_SITE not set or missing: FA4 comparison skipped"
 fi
