@@ -88,15 +88,8 @@ def main():
     time.sleep(2.0)  # both sides start from a similar state
     t0 = time.time()
     n = max(50, int(a.seconds * 1e3 / ms_fa4))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for x, y in zip(starts, stops):
-        x.record()
-        fa4()
-        y.record()
-    torch.cuda.synchronize()
+    fa4_ms = ct.event_times(fa4, n)
     phases["fa4"] = (t0, time.time())
-    fa4_ms = [x.elapsed_time(y) for x, y in zip(starts, stops)]
     time.sleep(0.5)
     smi.terminate()
     smi.wait()

@@ -77,14 +77,20 @@ def bench_ms(fn, warmup=25, rep=100):
     for _ in range(EVENT_WARMUP):
         fn()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_ITERS)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_ITERS)]
+    return float(np.median(event_times(fn, EVENT_ITERS)))
+
+
+def event_times(fn, n):
+    """ms of each of n calls of fn queued back to back, each between its own pair of CUDA
+    events, with one synchronize at the end."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for a, b in zip(starts, stops):
         a.record()
         fn()
         b.record()
     torch.cuda.synchronize()
-    return float(np.median([a.elapsed_time(b) for a, b in zip(starts, stops)]))
+    return [a.elapsed_time(b) for a, b in zip(starts, stops)]
 
 
 def once_ms(fn):
