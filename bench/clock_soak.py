@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_torch as ct  # noqa: E402
+from cuda_events import event_times  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -88,7 +89,7 @@ def main():
     time.sleep(2.0)  # both sides start from a similar state
     t0 = time.time()
     n = max(50, int(a.seconds * 1e3 / ms_fa4))
-    fa4_ms = ct.event_times(fa4, n)
+    fa4_ms = event_times(fa4, n)
     phases["fa4"] = (t0, time.time())
     time.sleep(0.5)
     smi.terminate()

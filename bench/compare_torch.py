@@ -53,6 +53,7 @@ except Exception:  # pragma: no cover
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fa4_blocks  # noqa: E402  (numpy only: the CSR -> FA4 block lists and the output check)
+from cuda_events import event_times, once_ms  # noqa: E402  (the per-call event loop)
 
 DEV = "cuda"
 DT = torch.bfloat16
@@ -78,29 +79,6 @@ def bench_ms(fn, warmup=25, rep=100):
         fn()
     torch.cuda.synchronize()
     return float(np.median(event_times(fn, EVENT_ITERS)))
-
-
-def event_times(fn, n):
-    """ms of each of n calls of fn queued back to back, each between its own pair of CUDA
-    events, with one synchronize at the end."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for a, b in zip(starts, stops):
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return [a.elapsed_time(b) for a, b in zip(starts, stops)]
-
-
-def once_ms(fn):
-    a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-    torch.cuda.synchronize()
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return float(a.elapsed_time(b))
 
 
 def inputs(b, n, hq, hkv, d, seed=0):
