@@ -116,6 +116,7 @@ Json CudaOptionsJson(const CudaOptions& o) {
       .Set("item_order", Sm90ItemOrderName(o.flash.item_order))
       .Set("sm90_query_tile", Sm90QueryTileName(o.flash.sm90_query_tile))
       .Set("sm90_key_tile", Sm90KeyTileName(o.flash.sm90_key_tile))
+      .Set("sm90_cluster", Sm90ClusterName(o.flash.sm90_cluster))
       .Set("sm90_tma", o.flash.sm90_tma);
 }
 

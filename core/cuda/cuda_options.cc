@@ -142,6 +142,25 @@ absl::StatusOr<Sm90KeyTile> ParseSm90KeyTile(std::string_view name, std::string_
   return Invalid(what, "auto, 128 or 176", name);
 }
 
+std::string_view Sm90ClusterName(Sm90Cluster cluster) {
+  switch (cluster) {
+    case Sm90Cluster::kAuto:
+      return "auto";
+    case Sm90Cluster::k1:
+      return "1";
+    case Sm90Cluster::k2:
+      return "2";
+  }
+  return "auto";
+}
+
+absl::StatusOr<Sm90Cluster> ParseSm90Cluster(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return Sm90Cluster::kAuto;
+  if (name == "1") return Sm90Cluster::k1;
+  if (name == "2") return Sm90Cluster::k2;
+  return Invalid(what, "auto, 1 or 2", name);
+}
+
 absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base) {
   CudaOptions options = base;
   if (std::string_view v = EnvValue(kEngineEnv); !v.empty()) {

@@ -68,6 +68,17 @@ enum class Sm90QueryTile { kAuto, k128, k192 };
 //          slower at 4096; flash_fwd_sm90.cc: Sm90WideKeyTiles).
 enum class Sm90KeyTile { kAuto, k128, k176 };
 
+// CTAs per cluster of the persistent schedule on the implicit dense layout (not causal) with
+// 176-key tiles, D = 128 (elsewhere it runs one):
+//   k1: every CTA loads its own K/V tiles;
+//   k2: the two CTAs of a cluster run adjacent query rows of one head and load each K/V tile once
+//       for both (TMA multicast: 41% fewer L2 bytes); needs TMA loads, else k1 runs.
+//   kAuto: k2. Measured on an H200 (bench/results/h200x2-2026-11-28-kernel9): 1% more cycles
+//          (the two CTAs wait for each other's stage releases), but under sustained load at the
+//          700 W cap the clock settles 4% higher: N = 65536 2.8% faster, N = 16384 0-4%.
+//          (At D = 64, 192-row items, it was 1.8% slower: not used there.)
+enum class Sm90Cluster { kAuto, k1, k2 };
+
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
 // dense or window specs, not square):
 //   kSplitKv:  the flash_decode kernels (split over the keys, query heads of a KV head packed);
@@ -90,6 +101,8 @@ struct FlashKernelOptions {
   Sm90QueryTile sm90_query_tile = Sm90QueryTile::kAuto;
   // The persistent schedule's K/V tile at D = 128 (Sm90KeyTile above).
   Sm90KeyTile sm90_key_tile = Sm90KeyTile::kAuto;
+  // The persistent schedule's cluster size on the dense layout (Sm90Cluster above).
+  Sm90Cluster sm90_cluster = Sm90Cluster::kAuto;
   // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
   // complete on the stage barrier) where the tensors allow it (16-byte aligned pointers and
   // strides), else by cp.async from two producer warps; false: always cp.async.
@@ -119,6 +132,7 @@ std::string_view Sm90ScheduleName(Sm90Schedule schedule);      // "persistent"
 std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "position", "head"
 std::string_view Sm90QueryTileName(Sm90QueryTile tile);        // "auto", "128", "192"
 std::string_view Sm90KeyTileName(Sm90KeyTile tile);            // "auto", "128", "176"
+std::string_view Sm90ClusterName(Sm90Cluster cluster);         // "auto", "1", "2"
 
 // Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
 absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
@@ -135,6 +149,8 @@ absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name,
                                                  std::string_view what = "sm90 query tile");
 absl::StatusOr<Sm90KeyTile> ParseSm90KeyTile(std::string_view name,
                                              std::string_view what = "sm90 key tile");
+absl::StatusOr<Sm90Cluster> ParseSm90Cluster(std::string_view name,
+                                             std::string_view what = "sm90 cluster");
 
 // `base` with the environment's overrides applied, each read once here (unset or empty: keep):
 // ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v3 or a

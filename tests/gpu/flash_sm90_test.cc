@@ -151,7 +151,11 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   // TMA; cp.async runs 128); one more run asks for 128, one for 192 with groups of 3. The D = 128
   // dense and causal cases run once more with K/V tiles of 176 keys in each item order (1000 keys
   // = 5 x 176 + 120, 520 = 2 x 176 + 168, 130 < 176: ragged last tiles; causal items of 128 rows
-  // over tiles of 176 keys), the other cases run their default there.
+  // over tiles of 176 keys), the other cases run their default there. Those runs take clusters of
+  // two CTAs on the dense (non-causal) cases by default (odd query-block counts: 520 and 1000 keys
+  // leave a cluster's second row past the end); one more run asks for single CTAs, and one runs
+  // the clusters on the whole GPU (the grid sized by the resident clusters) instead of the capped
+  // grid.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
@@ -159,6 +163,8 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
     int head_group;
     Sm90QueryTile query_tile = Sm90QueryTile::kAuto;
     Sm90KeyTile key_tile = Sm90KeyTile::kAuto;
+    Sm90Cluster cluster = Sm90Cluster::kAuto;
+    int max_ctas = sm90_test::kPersistentTestCtas;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
@@ -176,17 +182,25 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
                       Sm90KeyTile::k176});
       runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 0, Sm90QueryTile::kAuto,
                       Sm90KeyTile::k128});
+      runs.push_back({schedule, Sm90ItemOrder::kHead, true, 0, Sm90QueryTile::kAuto,
+                      Sm90KeyTile::k176, Sm90Cluster::k1});
+      runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 0, Sm90QueryTile::kAuto,
+                      Sm90KeyTile::k176, Sm90Cluster::k2, 0});
     } else {
       runs.push_back({schedule, Sm90ItemOrder::kAuto, false, 0});
     }
   }
-  for (const auto& [schedule, order, tma, head_group, query_tile, key_tile] : runs) {
+  for (const auto& [schedule, order, tma, head_group, query_tile, key_tile, cluster, max_ctas] :
+       runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
                               tma ? ", tma" : ", cp.async", ", head group ", head_group,
                               ", query tile ", std::string(Sm90QueryTileName(query_tile)),
-                              ", key tile ", std::string(Sm90KeyTileName(key_tile))));
-    FlashKernelOptions options = ForcedSm90(schedule, sm90_test::kPersistentTestCtas, order);
+                              ", key tile ", std::string(Sm90KeyTileName(key_tile)),
+                              ", cluster ", std::string(Sm90ClusterName(cluster)),
+                              ", max ctas ", max_ctas));
+    FlashKernelOptions options = ForcedSm90(schedule, max_ctas, order);
+    options.sm90_cluster = cluster;
     options.sm90_tma = tma;
     options.persistent_head_group = head_group;
     options.sm90_query_tile = query_tile;
@@ -337,6 +351,10 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
     EXPECT_EQ(*ParseSm90KeyTile(Sm90KeyTileName(t)), t);
   }
   EXPECT_EQ(ParseSm90KeyTile("192").status().code(), absl::StatusCode::kInvalidArgument);
+  for (const Sm90Cluster c : {Sm90Cluster::kAuto, Sm90Cluster::k1, Sm90Cluster::k2}) {
+    EXPECT_EQ(*ParseSm90Cluster(Sm90ClusterName(c)), c);
+  }
+  EXPECT_EQ(ParseSm90Cluster("4").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,

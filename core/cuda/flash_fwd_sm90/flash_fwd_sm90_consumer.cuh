@@ -65,6 +65,10 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a mask
   // kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
+  // Stage releases go to every CTA of the cluster (lanes 0 .. kClusterM - 1 arrive); kNone: a
+  // lane that arrives nowhere.
+  constexpr int kClusterM = Traits::kClusterM;
+  constexpr int kNone = kClusterM == 1 ? 1 : kNoArriveLane;
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -143,7 +147,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     const int ln = LaneId();
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? ln : 1);
-    MbarArriveLane0(sm.bar_empty + 8 * stage, ln);  // K(e) read (or not needed)
+    // K(e) read (or not needed).
+    MbarArriveClusterLanes<kClusterM>(sm.bar_empty + 8 * stage, ln);
     // The softmax of S(e) in two halves around the P V wait, as FlashAttention-4's sm90 loop
     // has it: the row maxima (and O's factors) under the P V GEMM, the exponentials after its
     // wait, so that the P packing (whose registers the in-flight GEMM still reads) interleaves
@@ -165,7 +170,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     WgmmaWait<0>();
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
-    MbarArriveLane0(bar_empty_v + 8 * c.stage, c.pending ? ln : 1);  // V(e-1) read
+    // V(e-1) read.
+    MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * c.stage, c.pending ? ln : kNone);
     if (work) {
       if constexpr (!kFirst) {
         // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
@@ -181,7 +187,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
       // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
       // after the release, so the release must not overtake the copy).
       MbarWait(bar_full_v + 8 * stage, parity);
-      MbarArriveLane0(bar_empty_v + 8 * stage, ln);
+      MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * stage, ln);
     }
     if constexpr (kFirst) {
       // O is the previous item's, complete now: written out and zeroed for this item (whose
@@ -237,7 +243,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   };
   RingPos<Traits::kStages> ring;  // the stage of the CTA's next tile
   uint32_t local = 0;  // items of this CTA so far
-  for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
+  for (int item = CtaItem<Traits::kClusterM>(0); item < num_items;
+       item = CtaItem<Traits::kClusterM>(static_cast<int>(++local))) {
     // Q rows and the metadata of this item (the Q warp).
     MbarWait(bar_q_full, local & 1u);
     const int row = meta[0];
@@ -289,7 +296,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   if (c.pending) {
     MbarWait(bar_full_v + 8 * c.stage, c.parity);
     GemmPVDesc<Traits>(acc_o, c.pa, descs.V(c.stage));
-    MbarArriveLane0(bar_empty_v + 8 * c.stage, lane);
+    MbarArriveClusterLanes<Traits::kClusterM>(bar_empty_v + 8 * c.stage, lane);
   }
   if (c.owed) store_prev();
 }

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/cuda/flash_fwd/flash_fwd_params.h"
@@ -21,7 +23,12 @@ namespace attnserve {
 // TMA loads only); kBlockN 176: K/V tiles of 176 keys (D = 128, implicit layouts, TMA only).
 // cudaErrorNotSupported where these do not apply (a CSR layout, no TMA), and the caller runs the
 // default kernel (two consumers, 128-key tiles) instead.
-template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128>
+// kClusterM 2: clusters of two CTAs on adjacent item rows, each K/V tile loaded once for both
+// (TMA multicast; Sm90PersistentTraits): the implicit dense layout only (every row has the same
+// tiles; not causal, no row order), else cudaErrorNotSupported. The grid is as many clusters as
+// the device holds at once (cudaOccupancyMaxActiveClusters), at most num_sms / 2.
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128,
+          int kClusterM = 1>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream);
 
@@ -47,17 +54,22 @@ cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaM
 
 namespace attnserve {
 
-template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN>
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN, int kClusterM>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream) {
-  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN>;
+  using Traits =
+      flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN, kClusterM>;
   if (params.block_size != Traits::kLayoutBlock) return cudaErrorInvalidValue;  // a caller bug
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
+  if (kClusterM > 1 && (params.dense_causal || params.row_order != nullptr)) {
+    return cudaErrorNotSupported;
+  }
   Sm90TmaMaps maps{};
-  // Q in boxes of one consumer warpgroup's 64 rows: each warpgroup's rows load on their own.
-  if (tma && MakeSm90TmaMaps(params, Traits::kBlock, &maps, 64) != cudaSuccess) {
+  // Q in boxes of one consumer warpgroup's 64 rows: each warpgroup's rows load on their own;
+  // K / V in boxes of a CTA's share of a tile.
+  if (tma && MakeSm90TmaMaps(params, Traits::kBlock / kClusterM, &maps, 64) != cudaSuccess) {
     if (kImplicitOnly) return cudaErrorNotSupported;
     tma = false;
   }
@@ -76,19 +88,54 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   const long long item_rows = Traits::kItemRows != 0
                                   ? (params.seqlen + Traits::kBlockM - 1) / Traits::kBlockM
                                   : params.num_q_blocks;
-  const long long items = item_rows * params.num_heads * params.batch * params.num_segs;
+  // With clusters an item is kClusterM item rows (DecodeItem), a grid slot a cluster.
+  const long long items = (item_rows + kClusterM - 1) / kClusterM * params.num_heads *
+                          params.batch * params.num_segs;
   if (items <= 0) return cudaSuccess;
   if (items > (1LL << 30)) return cudaErrorInvalidValue;  // int item index (+ grid) in the kernel
-  const long long slots = static_cast<long long>(num_sms) * Traits::kCtasPerSm;
-  const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
   CUtensorMap tma_q, tma_k, tma_v;
   static_assert(sizeof(CUtensorMap) == sizeof(maps.k), "an opaque 128-byte map");
   std::memcpy(&tma_q, maps.q, sizeof(tma_q));
   std::memcpy(&tma_k, maps.k, sizeof(tma_k));
   std::memcpy(&tma_v, maps.v, sizeof(tma_v));
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items), head_group,
-                                                     tma_q, tma_k, tma_v);
-  return cudaGetLastError();
+  if constexpr (kClusterM == 1) {
+    const long long slots = static_cast<long long>(num_sms) * Traits::kCtasPerSm;
+    const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items),
+                                                       head_group, tma_q, tma_k, tma_v);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kClusterM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(Traits::kNThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    // Clusters the device runs at once (a cluster's CTAs share a GPC, so this can be below
+    // num_sms / kClusterM): a persistent grid larger than that would run a second wave.
+    config.gridDim = dim3(static_cast<unsigned>(num_sms / kClusterM * kClusterM));
+    // Asked once per device (per variant: this function's own cache).
+    static std::atomic<int> cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = -1;
+    int resident = dev >= 0 ? cached[dev].load(std::memory_order_relaxed) : 0;
+    if (resident <= 0) {
+      err = cudaOccupancyMaxActiveClusters(&resident, kernel, &config);
+      if (err != cudaSuccess) return err;
+      if (dev >= 0) cached[dev].store(resident, std::memory_order_relaxed);
+    }
+    long long clusters = std::min<long long>(resident, num_sms / kClusterM);
+    clusters = std::min(clusters, items);
+    if (clusters < 1) return cudaErrorNotSupported;
+    config.gridDim = dim3(static_cast<unsigned>(clusters * kClusterM));
+    return cudaLaunchKernelEx(&config, kernel, params, static_cast<int>(items), head_group, tma_q,
+                              tma_k, tma_v);
+  }
 }
 
 }  // namespace attnserve

@@ -88,10 +88,24 @@
 namespace attnserve {
 namespace flash_sm90 {
 
-template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128>
+// kClusterM_: CTAs per cluster. 2: the CTAs of a cluster run adjacent item rows of one (head,
+// batch, segment) of the implicit dense layout, whose K/V tiles are the same, and load each tile
+// once for both: CTA r issues rows [r, r + 1) x kBlock / 2 of K and V with TMA multicast into
+// both CTAs' stage (same offset, same barrier offset), so L2 serves every K/V byte once per
+// cluster instead of once per CTA. A stage is then free only when the consumers of both CTAs
+// released it (empty barriers count both CTAs' consumer warps; MbarArriveClusterLanes).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128,
+          int kClusterM_ = 1>
 struct Sm90PersistentTraits
     : Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_, kBlockN_> {
   using Roles = Sm90WarpSpecializedTraits<kHeadDim_, Elem_, kConsumerWarpgroups_, kBlockN_>;
+  static constexpr int kClusterM = kClusterM_;
+  static_assert(kClusterM == 1 || (kClusterM == 2 && Roles::kImplicitOnly),
+                "clusters of two, on the implicit-only variants (the layout's rows share tiles)");
+  static_assert(Roles::kBlock % (8 * kClusterM) == 0,
+                "a CTA's share of a tile is whole 8-row swizzle atoms");
+  // Consumer warps that release a stage (a lane each): those of every CTA of the cluster.
+  static constexpr int kStageReleases = 4 * Roles::kConsumerWarpgroups * kClusterM;
   // Tiles, then the barriers: full[kStages], empty[kStages], q_full[kConsumerWarpgroups],
   // q_empty[kConsumerWarpgroups] (8 B each), then per stage (key block, mask kind) as two int32,
   // then per consumer warpgroup the item's (row, count, y, z).
@@ -119,6 +133,7 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
                                                     int warp, int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kProducerWarps = Traits::kProducerWarps;
+  static_assert(Traits::kClusterM == 1, "clusters load by TMA multicast");
   const int hz = p.num_heads * (p.batch * p.num_segs);
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
   for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
@@ -159,15 +174,34 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
                                                        const CUtensorMap* tma_v, int lane) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kPanels = Traits::kHeadDim / 64;
+  constexpr int kClusterM = Traits::kClusterM;
+  // This CTA's share of each tile (all of it without a cluster): rows [rank, rank + 1) x kShare.
+  constexpr int kShare = kBlock / kClusterM;
+  const int rank = static_cast<int>(blockIdx.x % kClusterM);
   const int hz = p.num_heads * (p.batch * p.num_segs);
   if (lane == 0) {
     PrefetchTensorMap(tma_k);
     PrefetchTensorMap(tma_v);
   }
+  // One box per 64-column panel of the CTA's share, into this CTA (or every CTA of the cluster).
+  auto load = [&](uint32_t tile, const CUtensorMap* map, uint32_t bar, int k0, int kv_head,
+                  int seg, int batch) {
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      const uint32_t dst = tile + panel * Traits::kPanelBytes + rank * kShare * 128;
+      if constexpr (kClusterM == 1) {
+        TmaLoad5d(dst, map, bar, panel * 64, k0, kv_head, seg, batch);
+      } else {
+        TmaLoad5dMulticast(dst, map, bar, (1u << kClusterM) - 1, panel * 64,
+                           k0 + rank * kShare, kv_head, seg, batch);
+      }
+    }
+  };
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
-  for (int r = 0, item = CtaItem(0); item < num_items; item = CtaItem(++r)) {
-    const WorkItem w =
-        DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys>(p, item, hz, head_group);
+  for (int r = 0, item = CtaItem<kClusterM>(0); item < num_items;
+       item = CtaItem<kClusterM>(++r)) {
+    const WorkItem w = DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys, kClusterM>(
+        p, item, hz, head_group);
     const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
     const int batch = w.z / p.num_segs;
     const int seg = w.z % p.num_segs;
@@ -185,23 +219,28 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
         const uint32_t bar = sm.bar_full + 8 * stage;
         const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
         const int k0 = blk * kBlock;
+        // The whole tile lands in this CTA (with a cluster, half of it from the other CTA).
         MbarArriveExpectTx(bar, Traits::kTileBytes);
-#pragma unroll
-        for (int panel = 0; panel < kPanels; ++panel) {
-          TmaLoad5d(k_tile + panel * Traits::kPanelBytes, tma_k, bar, panel * 64, k0, kv_head, seg,
-                    batch);
-        }
+        load(k_tile, tma_k, bar, k0, kv_head, seg, batch);
         if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
         const uint32_t bar_v = bar_full_v + 8 * stage;
         MbarArriveExpectTx(bar_v, Traits::kTileBytes);
-#pragma unroll
-        for (int panel = 0; panel < kPanels; ++panel) {
-          TmaLoad5d(k_tile + Traits::kTileBytes + panel * Traits::kPanelBytes, tma_v, bar_v,
-                    panel * 64, k0, kv_head, seg, batch);
-        }
+        load(k_tile + Traits::kTileBytes, tma_v, bar_v, k0, kv_head, seg, batch);
       }
     }
     g += static_cast<uint32_t>(w.count);
+  }
+  if constexpr (kClusterM > 1) {
+    // The other CTA's consumers release this CTA's stages through to its last tile: wait for
+    // those releases (the last use of every stage, K and V), so that this CTA does not exit
+    // while their arrives may still be on the way to its barriers.
+    if (lane == 0) {
+      for (uint32_t s = 0; s < Traits::kStages && s < g; ++s) {
+        const uint32_t last_use = (g - 1 - s) / Traits::kStages;
+        MbarWait(sm.bar_empty + 8 * s, last_use & 1u);
+        MbarWait(bar_empty_v + 8 * s, last_use & 1u);
+      }
+    }
   }
   __syncwarp();
 }
@@ -227,9 +266,11 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   const int64_t n = p.seqlen;
   const int hz = p.num_heads * (p.batch * p.num_segs);
   uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
-  for (int item = CtaItem(0); item < num_items; item = CtaItem(static_cast<int>(++local))) {
-    const WorkItem w =
-        DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys>(p, item, hz, head_group);
+  constexpr int kClusterM = Traits::kClusterM;
+  for (int item = CtaItem<kClusterM>(0); item < num_items;
+       item = CtaItem<kClusterM>(static_cast<int>(++local))) {
+    const WorkItem w = DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys, kClusterM>(
+        p, item, hz, head_group);
     auto publish = [&](int h) {  // warpgroup h's metadata slot
       item_meta[4 * h + 0] = w.row;
       item_meta[4 * h + 1] = w.count;
@@ -273,10 +314,10 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 #pragma unroll
       for (int h = 0; h < kWgs; ++h) MbarArrive(QFullBar<Traits>(sm, h));
     }
-    const int next = CtaItem(static_cast<int>(local) + 1);
+    const int next = CtaItem<kClusterM>(static_cast<int>(local) + 1);
     if (next < num_items) {
       int row, y, z;  // the next item's (its tile range is not needed for the prefetch)
-      DecodeItem<Traits::kItemRows>(p, next, hz, head_group, row, y, z);
+      DecodeItem<Traits::kItemRows, kClusterM>(p, next, hz, head_group, row, y, z);
       const Elem* qn = QBase<Elem>(p, y, z);
       const int64_t r0 = static_cast<int64_t>(row) * kBlockM + lane;
       const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), n - r0));
@@ -327,8 +368,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
       // warp that loads the tile.
       MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
       MbarInit(bar_full_v + 8 * s, kTma ? 1 : 32);
-      MbarInit(bar_empty_v + 8 * s, 4 * Traits::kConsumerWarpgroups);
-      MbarInit(sm.bar_empty + 8 * s, 4 * Traits::kConsumerWarpgroups);  // a lane per consumer warp
+      // A lane per consumer warp (of every CTA of the cluster).
+      MbarInit(bar_empty_v + 8 * s, Traits::kStageReleases);
+      MbarInit(sm.bar_empty + 8 * s, Traits::kStageReleases);
     }
 #pragma unroll
     for (int h = 0; h < Traits::kConsumerWarpgroups; ++h) {
@@ -340,6 +382,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
     if constexpr (kTma) FenceMbarrierInit();
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
+  // The cluster's barriers are initialised before any CTA multicasts into or releases another.
+  if constexpr (Traits::kClusterM > 1) ClusterSync();
 
   if (warpgroup == 0) {
     // Producer warpgroup: warps [0, kProducerWarps) load K/V, the next one Q, the last exits.

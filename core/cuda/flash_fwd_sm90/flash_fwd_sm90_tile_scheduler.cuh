@@ -25,9 +25,12 @@ namespace flash_sm90 {
 // causal layout at N = 16384 and 16 heads on 132 SMs the busiest CTA then carries 6% more tiles
 // than the mean; dealing back and forth cancels that to 0.2% (a dynamic queue would reach the
 // same). A value >= the item count means the CTA is done (only the last round is partial).
+// kClusterM > 1: the CTAs of a cluster (kClusterM consecutive blockIdx.x) run the same item
+// sequence, each its own query rows of it (DecodeItem), so the rounds deal clusters.
+template <int kClusterM = 1>
 __device__ __forceinline__ int CtaItem(int r) {
-  const int ctas = static_cast<int>(gridDim.x);
-  const int b = static_cast<int>(blockIdx.x);
+  const int ctas = static_cast<int>(gridDim.x) / kClusterM;
+  const int b = static_cast<int>(blockIdx.x) / kClusterM;
   return r * ctas + ((r & 1) ? ctas - 1 - b : b);
 }
 
@@ -50,10 +53,15 @@ __device__ __forceinline__ int NumItemRows(const FlashFwdParams& p) {
 // from its last row down). group = hz: position-major over everything; group = 1: head-major
 // (one (head, batch, segment) after another). The launcher sizes groups so that the K/V the
 // CTAs running together read stays in L2 (flash_fwd_sm90.cc: Sm90HeadGroup).
-template <int kItemRows = 0>
+// kClusterM > 1: an item is kClusterM consecutive item rows of one (y, z), CTA `rank` of the
+// cluster (blockIdx.x % kClusterM) taking row kClusterM * row + rank; a row past the last one
+// (an odd row count) has no query rows and writes nothing. The rows of a cluster share their
+// K/V tiles (the implicit dense layout: every row has the same tiles), which its CTAs load once
+// for both (TMA multicast).
+template <int kItemRows = 0, int kClusterM = 1>
 __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz, int group,
                                            int& row, int& y, int& z) {
-  const int nq = NumItemRows<kItemRows>(p);
+  const int nq = (NumItemRows<kItemRows>(p) + kClusterM - 1) / kClusterM;
   const int per_group = group * nq;  // every group but the last is full
   const int g = item / per_group;
   const int r = item - g * per_group;
@@ -64,12 +72,16 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
   z = rem / p.num_heads;
   // row_order counts layout-block rows: items of another height walk the implicit causal
   // layout from its last item down themselves (the plan uploads that order for block rows).
-  if (kItemRows == 0 && p.row_order != nullptr) {
+  // (Clusters run the implicit dense layout only, in its natural order: the launcher's check.)
+  if (kItemRows == 0 && kClusterM == 1 && p.row_order != nullptr) {
     row = p.row_order[pos];
   } else if (p.col_idx == nullptr && p.dense_causal) {
     row = nq - 1 - pos;
   } else {
     row = pos;
+  }
+  if constexpr (kClusterM > 1) {
+    row = row * kClusterM + static_cast<int>(blockIdx.x % kClusterM);
   }
 }
 
@@ -109,11 +121,11 @@ struct WorkItem {
   int64_t begin = 0;
   int count = 0;
 };
-template <int kItemRows = 0, int kTileKeys = 0>
+template <int kItemRows = 0, int kTileKeys = 0, int kClusterM = 1>
 __device__ __forceinline__ WorkItem DecodeWorkItem(const FlashFwdParams& p, int item, int hz,
                                                    int group) {
   WorkItem w;
-  DecodeItem<kItemRows>(p, item, hz, group, w.row, w.y, w.z);
+  DecodeItem<kItemRows, kClusterM>(p, item, hz, group, w.row, w.y, w.z);
   ItemRange<kItemRows, kTileKeys>(p, w.row, w.begin, w.count);
   return w;
 }

@@ -146,6 +146,38 @@ __device__ __forceinline__ void MbarArriveLane0(uint32_t bar, int lane) {
       "r"(lane)
       : "memory");
 }
+// The cluster form of MbarArriveLane0 (kClusterM CTAs load each K / V stage together, TMA
+// multicast): lane r < kClusterM arrives on the barrier at this offset in CTA r of the cluster,
+// so that every CTA whose producer writes into this CTA's stage learns that it was released;
+// lane kNoArriveLane (or any lane >= kClusterM) arrives nowhere. kClusterM 1 is MbarArriveLane0.
+// The arrive's default semantics (release, CTA scope), as CUTLASS's cluster pipelines release a
+// stage: what it orders is this warp's wgmma reads of the stage, complete at the preceding
+// wgmma.wait_group, before the other CTA's TMA overwrites it. Written .release.cluster, ptxas put
+// MEMBAR.ALL.GPU and two error barriers before every arrive, and the dense kernel ran 13-16%
+// slower than without the cluster (H200).
+inline constexpr int kNoArriveLane = 32;
+template <int kClusterM>
+__device__ __forceinline__ void MbarArriveClusterLanes(uint32_t bar, int lane) {
+  if constexpr (kClusterM == 1) {
+    MbarArriveLane0(bar, lane);
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b32 ra;\n"
+        "setp.lt.u32 p, %1, %2;\n"
+        "mapa.shared::cluster.u32 ra, %0, %3;\n"
+        "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+        "r"(lane), "n"(kClusterM), "r"(lane & (kClusterM - 1))
+        : "memory");
+  }
+}
+// Every thread of the cluster's CTAs (release / acquire at cluster scope): after the barrier
+// initialisation, before any CTA of the cluster signals another's barriers.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
 // Acquire (CTA scope) wait for the phase with the given parity to complete. The retry loop is
 // inside the asm (labels local to its braces): to the compiler the wait is one straight-line
 // instruction, so no divergence is seen around the wgmma code that follows.
@@ -202,6 +234,17 @@ __device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, 
       "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
       "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
+// TmaLoad5d into the same shared-memory offset of every CTA of the cluster in `cta_mask`, the
+// bytes completing on the barrier at `bar`'s offset in each of them.
+__device__ __forceinline__ void TmaLoad5dMulticast(uint32_t dst, const void* tensor_map,
+                                                   uint32_t bar, uint16_t cta_mask, int c0,
+                                                   int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%4, %5, %6, %7, %8}], [%2], %3;\n" ::"r"(dst),
+      "l"(tensor_map), "r"(bar), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
 // Makes mbarrier initialisations visible to the async proxy (the TMA unit completes bytes on
