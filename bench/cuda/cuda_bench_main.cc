@@ -39,7 +39,7 @@ ABSL_FLAG(std::string, sm90_key_tile, "auto",
           "persistent Hopper schedule at D = 128, dense / causal: keys per K/V tile, "
           "auto (176 from 16384 keys on) | 128 | 176");
 ABSL_FLAG(std::string, sm90_cluster, "auto",
-          "persistent Hopper schedule, dense (not causal) with 176-key tiles: CTAs per cluster "
+          "persistent Hopper schedule, dense / causal with 176-key tiles: CTAs per cluster "
           "sharing K/V loads, auto (2) | 1 | 2");
 
 namespace attnserve::bench {

@@ -68,15 +68,16 @@ enum class Sm90QueryTile { kAuto, k128, k192 };
 //          slower at 4096; flash_fwd_sm90.cc: Sm90WideKeyTiles).
 enum class Sm90KeyTile { kAuto, k128, k176 };
 
-// CTAs per cluster of the persistent schedule on the implicit dense layout (not causal) with
+// CTAs per cluster of the persistent schedule on the implicit dense and causal layouts with
 // 176-key tiles, D = 128 (elsewhere it runs one):
 //   k1: every CTA loads its own K/V tiles;
 //   k2: the two CTAs of a cluster run adjacent query rows of one head and load each K/V tile once
 //       for both (TMA multicast: 41% fewer L2 bytes); needs TMA loads, else k1 runs.
 //   kAuto: k2. Measured on an H200 (bench/results/h200x2-2026-11-28-kernel9): 1% more cycles
-//          (the two CTAs wait for each other's stage releases), but under sustained load at the
-//          700 W cap the clock settles 4% higher: N = 65536 2.8% faster, N = 16384 0-4%.
-//          (At D = 64, 192-row items, it was 1.8% slower: not used there.)
+//          (the two CTAs wait for each other's stage releases), but at the 700 W cap the clock
+//          settles higher (1684 against 1615 MHz under sustained dense load): dense 2.8% faster
+//          at N = 65536, 0-4% at 16384; causal 2% at both. (At D = 64, 192-row items, it was
+//          1.8% slower: not used there.)
 enum class Sm90Cluster { kAuto, k1, k2 };
 
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,

@@ -114,7 +114,7 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       } else {
         // D = 128, implicit layouts: 176-key tiles where chosen; the launcher refuses without TMA.
         if (Sm90WideKeyTiles(p, options.sm90_key_tile)) {
-          // Clusters of two on the dense layout; the launcher refuses causal, CSR, no TMA.
+          // Clusters of two (dense and causal layouts); the launcher refuses CSR, no TMA.
           if (options.sm90_cluster != Sm90Cluster::k1) {
             const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 2, 176, 2>(
                 p, ctas, group, options.sm90_tma, stream);

@@ -24,9 +24,9 @@ namespace attnserve {
 // cudaErrorNotSupported where these do not apply (a CSR layout, no TMA), and the caller runs the
 // default kernel (two consumers, 128-key tiles) instead.
 // kClusterM 2: clusters of two CTAs on adjacent item rows, each K/V tile loaded once for both
-// (TMA multicast; Sm90PersistentTraits): the implicit dense layout only (every row has the same
-// tiles; not causal, no row order), else cudaErrorNotSupported. The grid is as many clusters as
-// the device holds at once (cudaOccupancyMaxActiveClusters), at most num_sms / 2.
+// (TMA multicast; Sm90PersistentTraits): the implicit dense and causal layouts, else
+// cudaErrorNotSupported. The grid is as many clusters as the device holds at once
+// (cudaOccupancyMaxActiveClusters), at most num_sms / 2.
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128,
           int kClusterM = 1>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
@@ -63,7 +63,10 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
-  if (kClusterM > 1 && (params.dense_causal || params.row_order != nullptr)) {
+  // A row order other than the implicit causal layout's own heavy-first walk (which DecodeItem
+  // takes without it) would name rows of the layout block, not of a cluster's pair.
+  if (kClusterM > 1 && params.row_order != nullptr &&
+      !(params.col_idx == nullptr && params.dense_causal)) {
     return cudaErrorNotSupported;
   }
   Sm90TmaMaps maps{};

@@ -56,8 +56,10 @@ __device__ __forceinline__ int NumItemRows(const FlashFwdParams& p) {
 // kClusterM > 1: an item is kClusterM consecutive item rows of one (y, z), CTA `rank` of the
 // cluster (blockIdx.x % kClusterM) taking row kClusterM * row + rank; a row past the last one
 // (an odd row count) has no query rows and writes nothing. The rows of a cluster share their
-// K/V tiles (the implicit dense layout: every row has the same tiles), which its CTAs load once
-// for both (TMA multicast).
+// K/V tiles, which its CTAs load once for both (TMA multicast): on the implicit dense layout
+// every row has the same tiles, on the causal one the cluster's last row has the most, and every
+// CTA of the cluster walks those (DecodeWorkItem; the tiles past a row's diagonal have no work
+// for it).
 template <int kItemRows = 0, int kClusterM = 1>
 __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, int hz, int group,
                                            int& row, int& y, int& z) {
@@ -126,7 +128,12 @@ __device__ __forceinline__ WorkItem DecodeWorkItem(const FlashFwdParams& p, int 
                                                    int group) {
   WorkItem w;
   DecodeItem<kItemRows, kClusterM>(p, item, hz, group, w.row, w.y, w.z);
-  ItemRange<kItemRows, kTileKeys>(p, w.row, w.begin, w.count);
+  int range_row = w.row;
+  if constexpr (kClusterM > 1) {
+    // The cluster's last row (before the query end), whose range every CTA of the cluster walks.
+    range_row = min(w.row - w.row % kClusterM + kClusterM - 1, NumItemRows<kItemRows>(p) - 1);
+  }
+  ItemRange<kItemRows, kTileKeys>(p, range_row, w.begin, w.count);
   return w;
 }
 
