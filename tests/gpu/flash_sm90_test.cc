@@ -152,8 +152,8 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   // dense and causal cases run once more with K/V tiles of 176 keys in each item order (1000 keys
   // = 5 x 176 + 120, 520 = 2 x 176 + 168, 130 < 176: ragged last tiles; causal items of 128 rows
   // over tiles of 176 keys), the other cases run their default there. Those runs take clusters of
-  // two CTAs on the dense and causal cases by default (odd query-block counts: 520 and 1000 keys
-  // leave a cluster's second row past the end); one more run asks for single CTAs, and one runs
+  // two CTAs on the dense and causal cases by default (520 keys are five query blocks: the last
+  // cluster's second row is past the end); one more run asks for single CTAs, and one runs
   // the clusters on the whole GPU (the grid sized by the resident clusters) instead of the capped
   // grid.
   struct Run {
