@@ -74,7 +74,8 @@ __device__ __forceinline__ void DecodeItem(const FlashFwdParams& p, int item, in
   z = rem / p.num_heads;
   // row_order counts layout-block rows: items of another height walk the implicit causal
   // layout from its last item down themselves (the plan uploads that order for block rows).
-  // (Clusters run the implicit dense layout only, in its natural order: the launcher's check.)
+  // (Clusters walk the implicit layouts in their own order, the causal one from its last row
+  // down, which is the row order the plan uploads for it; the launcher refuses any other.)
   if (kItemRows == 0 && kClusterM == 1 && p.row_order != nullptr) {
     row = p.row_order[pos];
   } else if (p.col_idx == nullptr && p.dense_causal) {

@@ -129,8 +129,6 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
       "mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
       : "memory");
 }
-// The same arrive by lane 0 of the warp only, predicated inside the asm (no divergent branch in
-// the consumer loop for ptxas to see around the wgmma pipeline). Callers are converged.
 // The thread's lane (%laneid), read where it is needed: volatile, so that it is neither hoisted
 // nor merged with another read (a value kept across the tile loop costs a register).
 __device__ __forceinline__ int LaneId() {
@@ -138,6 +136,8 @@ __device__ __forceinline__ int LaneId() {
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
   return lane;
 }
+// MbarArrive by lane 0 of the warp only, predicated inside the asm (no divergent branch in the
+// consumer loop for ptxas to see around the wgmma pipeline). Callers are converged.
 __device__ __forceinline__ void MbarArriveLane0(uint32_t bar, int lane) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 st;\n"
