@@ -51,7 +51,7 @@ struct ConsumerCarry {
 // (kBlock / 4 registers) is live next to S(e) and O.
 // on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
 // persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
-// C++ branch on "last" in the loop would make ptxas serialize the wgmma).
+// C++ branch on "last" in the loop would make ptxas serialize the wgmma). lane: the thread's lane.
 template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
@@ -60,7 +60,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     const RingDescs<Traits>& descs, const ConsumerRow& cr, const ThreadRows& rows,
     int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
-    OnScores on_scores, FinishPrev finish_prev) {
+    int lane, OnScores on_scores, FinishPrev finish_prev) {
   constexpr int kBlock = Traits::kBlock;
   // The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a mask
   // kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile.
@@ -142,9 +142,9 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
                   "a CSR variant with three consumer warpgroups would hold the slot's values "
                   "across the GEMM issue at 160 registers: measure where it reads them first");
     read_meta();
-    // The lane, read again per tile rather than kept: at three consumer warpgroups (160
-    // registers) ptxas spilled it and reloaded it from local memory every tile.
-    const int ln = LaneId();
+    // The lane: re-read per tile at three consumer warpgroups (kept, at 160 registers, ptxas
+    // spilled it), kept with two (the read's latency sat right after the S wait, kernel10/a).
+    const int ln = Traits::kConsumerWarpgroups >= 3 ? LaneId() : lane;
     WaitScoresOf<1>(s);
     on_scores(e + 1 == count ? ln : 1);
     // K(e) read (or not needed).
@@ -273,7 +273,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
     ConsumeItemOverlapped<Traits>(
         p, sm, bar_full_v, bar_empty_v, ring, count, pp, descs, cr, rows, nk, acc_o,
-        softmax, c,
+        softmax, c, lane,
         [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
         [&] {
           if (c.owed) {

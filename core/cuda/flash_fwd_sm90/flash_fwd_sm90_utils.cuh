@@ -247,6 +247,16 @@ __device__ __forceinline__ void TmaLoad5dMulticast(uint32_t dst, const void* ten
       "l"(tensor_map), "r"(bar), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
+// Asks L2 to fetch one box of a 5-D tensor map (coordinates innermost first): nothing lands in
+// shared memory and nothing waits for it. Issued by one thread.
+__device__ __forceinline__ void TmaPrefetch5d(const void* tensor_map, int c0, int c1, int c2,
+                                              int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(
+          tensor_map),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
 // Makes mbarrier initialisations visible to the async proxy (the TMA unit completes bytes on
 // them), before the CTA barrier that publishes them.
 __device__ __forceinline__ void FenceMbarrierInit() {
