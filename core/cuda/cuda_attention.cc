@@ -173,6 +173,7 @@ struct CudaAttentionPlan::Layout {
   DeviceBuffer mask;       // uint8 [kept]
   DeviceBuffer row_order;  // int32 [nb], heavy rows first (may be empty)
   int64_t kept_blocks = 0;  // CSR entries
+  bool all_full = false;    // every entry kFull and N a multiple of the block (no tile masks)
 };
 
 // A dilated branch needs no gather: the positions of group o in segment t are the arithmetic
@@ -352,6 +353,9 @@ absl::Status CudaAttentionPlan::BuildLayout(const AttentionSpec& spec,
   std::vector<int32_t> order = HeavyFirstOrder(bl->row_ptr);
   std::vector<uint8_t> mask(bl->mask.size());
   for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(bl->mask[i]);
+  layout->all_full = n % bl->block_size == 0 &&
+                     std::all_of(bl->mask.begin(), bl->mask.end(),
+                                 [](BlockMask m) { return m == BlockMask::kFull; });
   layout->kept_blocks = bl->kept_blocks();
   ATTN_ASSIGN_OR_RETURN(layout->row_ptr, UploadVector(alloc, bl->row_ptr, stream));
   ATTN_ASSIGN_OR_RETURN(layout->col_idx, UploadVector(alloc, bl->col_idx, stream));
@@ -403,6 +407,8 @@ absl::Status CudaAttentionPlan::Run(const void* q, const void* k, const void* v,
   return absl::OkStatus();
 }
 
+bool CudaAttentionPlan::all_full_blocks() const { return layout_ != nullptr && layout_->all_full; }
+
 absl::Status CudaAttentionPlan::RunLayout(const void* q, const void* k, const void* v, void* o,
                                           float* lse, cudaStream_t stream,
                                           FlashKernel* kernel) const {
@@ -423,6 +429,7 @@ absl::Status CudaAttentionPlan::RunLayout(const void* q, const void* k, const vo
     view.block_mask = layout_->mask.as<uint8_t>();
     view.rule_causal = layout_->rule.causal;
     view.rule_window = layout_->rule.window ? *layout_->rule.window : -1;
+    view.all_full = layout_->all_full;
   }
   return RunAttentionForward(BuildFlashFwdParams(tensors, range, view, scale_), kernel_options_,
                              stream, kernel);

@@ -97,6 +97,9 @@ class CudaAttentionPlan {
   double sparsity() const { return sparsity_; }
   // Device bytes held by the plan (CSR, positions).
   int64_t plan_bytes() const { return plan_bytes_; }
+  // A CSR layout of kFull blocks only, over whole blocks (N a multiple of the block): its
+  // launches may take the sm90 kernel's mask-free variant (Sm90FullTiles).
+  bool all_full_blocks() const;
   // Workspace bytes Run() takes (f32 input conversion, the dilated and rect f32 accumulators; the
   // split-KV decode partials are sized at run time and not counted).
   int64_t workspace_bytes() const { return workspace_.total(); }

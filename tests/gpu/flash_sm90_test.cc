@@ -3,7 +3,8 @@
 // - spec level (CudaAttentionPlan -> RunAttentionForward) vs core/reference, in this file: dense,
 //   causal, window (causal and not), block-sparse random / local_window / caller CSR (empty rows),
 //   dilated (the accumulate epilogue), ragged N, GQA, several batches, bf16 and f16, head dims
-//   64/128, blocks 64/128; every run checks which kernel ran (the plan reports it);
+//   64/128, blocks 64/128, CSRs of kFull blocks over whole key blocks (the mask-free variant);
+//   every run checks which kernel ran (the plan reports it);
 // - params level (RunAttentionForward on BuildFlashFwdParams) vs a float64 loop, in
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
 //   offsets (ring pieces), all three mask kinds, accumulate mode merging two key pieces;
@@ -59,6 +60,8 @@ struct Case {
   AttentionSpec spec;
   AttentionShape shape;
   DType dtype;
+  // The plan's CSR is kFull blocks over whole key blocks: with TMA the mask-free variant runs.
+  bool all_full = false;
 };
 
 // Row i keeps block 0, block i - 2 and block i; every fifth row keeps nothing (O = 0, LSE = -inf).
@@ -118,6 +121,20 @@ std::vector<Case> SpecCases() {
       add("dilated", DilatedSpec{{128, 256, 512}, {1, 2, 4}}, causal, s1, dt);
     }
   }
+  // Block-sparse layouts of kFull blocks over whole key blocks (1024 = 8 x 128, non-causal):
+  // the mask-free CSR variant (Sm90FullTiles) with TMA, the default one with cp.async; the CSR
+  // with empty rows gives items without tiles.
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    add("bs128_random_full", BlockSparseSpec{128, RandomGen{0.3, 4321}}, false,
+        {1, 1024, 4, 2, 128}, dt);
+    cases.back().all_full = true;
+  }
+  add("bs128_random_full_d64", BlockSparseSpec{128, RandomGen{0.3, 99}}, false,
+      {1, 1024, 4, 2, 64}, DType::kBF16);
+  cases.back().all_full = true;
+  add("bs128_csr_full", BlockSparseSpec{128, TestCsr(8)}, false, {2, 1024, 4, 1, 128},
+      DType::kBF16);
+  cases.back().all_full = true;
   // Long ragged row (4097 = 32 blocks + 1 token), cheap heads for the float64 reference.
   add("dense_long", DenseSpec{}, true, {1, 4097, 2, 1, 64}, DType::kBF16);
   add("bs128_random_long", BlockSparseSpec{128, RandomGen{0.2, 5}}, false, {1, 4097, 2, 2, 128},
@@ -208,6 +225,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     EXPECT_EQ(run->kernel, ExpectedSm90Kernel(schedule)) << FlashKernelName(run->kernel);
+    EXPECT_EQ(run->all_full_blocks, c.all_full);
     const ErrorStats e = CompareToReference(*ref, run->o, &run->lse);
     EXPECT_EQ(e.nonfinite, 0) << "unwritten or non-finite outputs";
     EXPECT_LE(e.o_rel, OTol(c.dtype)) << "o max abs err " << e.o_max_abs << " / max|ref| "
@@ -311,6 +329,25 @@ TEST(FlashSm90DispatchTest, ForcedUnsupportedIsUnimplemented) {
     ASSERT_TRUE(k.ok());
     EXPECT_EQ(FlashKernelName(*k), "sm80");
   }
+}
+
+// The mask-free CSR variant: a CSR known to hold kFull entries only, whole key blocks, block 128.
+TEST(FlashSm90DispatchTest, FullTilesOnlyForCsrOfWholeFullBlocks) {
+  static const int32_t kCol = 0;
+  FlashFwdParams p;
+  p.block_size = 128;
+  p.seqlen = 1024;
+  EXPECT_FALSE(Sm90FullTiles(p)) << "implicit dense layout";
+  p.col_idx = &kCol;
+  EXPECT_FALSE(Sm90FullTiles(p)) << "a CSR not known to be all kFull";
+  p.csr_all_full = true;
+  EXPECT_TRUE(Sm90FullTiles(p));
+  p.seqlen_k = 1000;
+  EXPECT_FALSE(Sm90FullTiles(p)) << "ragged last key block";
+  p.seqlen_k = 896;
+  EXPECT_TRUE(Sm90FullTiles(p)) << "rectangular, whole key blocks";
+  p.block_size = 64;
+  EXPECT_FALSE(Sm90FullTiles(p)) << "block 64 has its own variant";
 }
 
 // Kernel and schedule names: what flags and environment variables may say, parsed once.

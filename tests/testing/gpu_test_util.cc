@@ -45,6 +45,7 @@ absl::Status RunPlan(const AttentionSpec& spec, const HostTensor& q, const HostT
       result.lse, HostTensor::Create(DType::kF32, {shape.batch, shape.q_heads, shape.tokens}));
   ATTN_ASSIGN_OR_RETURN(
       auto plan, CudaAttentionPlan::Create(spec, shape, dtype, alloc, stream, nullptr, options));
+  result.all_full_blocks = plan->all_full_blocks();
   ATTN_ASSIGN_OR_RETURN(DeviceBuffer dq, UploadTensor(alloc, q));
   ATTN_ASSIGN_OR_RETURN(DeviceBuffer dk, UploadTensor(alloc, k));
   ATTN_ASSIGN_OR_RETURN(DeviceBuffer dv, UploadTensor(alloc, v));

@@ -62,6 +62,7 @@ struct PlanRunResult {
   HostTensor o;              // [B, N, Hq, D] in the input dtype
   HostTensor lse;            // [B, Hq, N] f32
   FlashKernel kernel{};      // the flash kernel the plan's launches ran
+  bool all_full_blocks = false;  // CudaAttentionPlan::all_full_blocks of the plan
   int64_t in_use_after = 0;  // the allocator's in-use bytes once every buffer was freed
 };
 

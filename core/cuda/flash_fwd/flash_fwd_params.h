@@ -69,6 +69,9 @@ struct FlashFwdParams {
   int64_t num_q_blocks = 0;
   int64_t num_k_blocks = 0;
   bool dense_causal = false;  // only for the implicit dense layout
+  // CSR only: every entry kFull and the key length a multiple of the block, so that no tile
+  // needs a mask (the sm90 kernel then runs its tile loop without the mask path).
+  bool csr_all_full = false;
 
   // TokenRule of kPartial blocks.
   bool rule_causal = false;

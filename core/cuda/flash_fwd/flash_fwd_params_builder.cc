@@ -71,6 +71,7 @@ FlashFwdParams BuildFlashFwdParams(const FlashFwdTensors& t, const FlashFwdRange
       p.block_mask = layout.block_mask;
       p.rule_causal = layout.rule_causal;
       p.rule_window = layout.rule_window;
+      p.csr_all_full = layout.all_full;
       break;
   }
   return p;

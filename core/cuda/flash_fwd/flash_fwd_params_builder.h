@@ -69,6 +69,9 @@ struct FlashFwdLayoutView {
   // (rule_window < 0 || |i - j| <= rule_window).
   bool rule_causal = false;
   int64_t rule_window = -1;
+  // kCsr: every entry kFull and the key length a multiple of block_size (FlashFwdParams::
+  // csr_all_full). Left false where the caller does not know it.
+  bool all_full = false;
 };
 
 // `scale` is the softmax scale applied to q.k (EffectiveScale of the spec).

@@ -125,6 +125,13 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
           if (err != cudaErrorNotSupported) return err;
         }
       }
+      // CSR layouts of whole kFull blocks: the tile loop without a mask path (the launcher
+      // refuses other layouts, and loads without TMA).
+      if (Sm90FullTiles(p)) {
+        const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 2, 128, 1, true>(
+            p, ctas, group, options.sm90_tma, stream);
+        if (err != cudaErrorNotSupported) return err;
+      }
       return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, options.sm90_tma,
                                                            stream);
     }
@@ -189,6 +196,12 @@ cudaError_t EncodeMap(const void* base, DType dtype, const FlashFwdParams& p, in
 }
 
 }  // namespace
+
+bool Sm90FullTiles(const FlashFwdParams& p) {
+  const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+  return p.col_idx != nullptr && p.csr_all_full && p.block_size == 128 &&
+         nk % p.block_size == 0 && !p.dense_causal;
+}
 
 int Sm90HeadGroup(const FlashFwdParams& p, int ctas, int64_t l2_bytes, Sm90ItemOrder order) {
   const int64_t hz = std::max<int64_t>(1, int64_t{p.num_heads} * p.batch * p.num_segs);

@@ -68,9 +68,15 @@ absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& params,
 // inputs; the measured rules do not need it yet).
 int Sm90HeadGroup(const FlashFwdParams& params, int ctas, int64_t l2_bytes, Sm90ItemOrder order);
 
+// Whether block-128 `params` take the persistent kernel's mask-free CSR variant: a CSR of kFull
+// entries over whole key blocks (FlashFwdParams::csr_all_full) whose key length is a multiple of
+// the block, with no token rule left to apply.
+bool Sm90FullTiles(const FlashFwdParams& params);
+
 // Launches `kernel` (kSm90Persistent, as FlashKernelFor chose it for params) with the variant
 // the options and the params' layout pick (flash_fwd_sm90.cc: block 64, 192-row items at D = 64,
-// 176-key tiles at D = 128, else two consumers over 128-key tiles). Reads
+// 176-key tiles at D = 128, the mask-free CSR variant (Sm90FullTiles), else two consumers over
+// 128-key tiles). Reads
 // options.persistent_max_ctas, item_order, persistent_head_group, sm90_query_tile,
 // sm90_key_tile and sm90_tma. Returns the launch error.
 cudaError_t RunFlashFwdSm90(const FlashFwdParams& params, FlashKernel kernel,

@@ -69,6 +69,9 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // lane that arrives nowhere.
   constexpr int kClusterM = Traits::kClusterM;
   constexpr int kNone = kClusterM == 1 ? 1 : kNoArriveLane;
+  // V(e-1) waited for inside the ping-pong window at 128-key tiles (FA4's order): 0.7-1.1% fewer
+  // cycles at 90% and D = 64 (h200x2-2026-11-28-kernel10/d), 1% more at 176 keys (kernel8).
+  constexpr bool kVWaitInWindow = Traits::kBlock == 128 && Traits::kConsumerWarpgroups >= 2;
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -110,6 +113,9 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
         blk = e;
         work = e < work_end;
         masked = e >= mask_from;
+      } else if constexpr (Traits::kFullTiles) {  // kFull entries over whole key blocks
+        blk = sm.meta[2 * stage];
+        work = blk < blk_end;
       } else {
         mask = sm.meta[2 * stage + 1];
         blk = sm.meta[2 * stage];
@@ -117,7 +123,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
         masked = mask != 0 || blk >= blk_full;
       }
     };
-    if (c.pending) MbarWait(bar_full_v + 8 * c.stage, c.parity);  // V(e-1) landed
+    auto wait_v = [&] { MbarWait(bar_full_v + 8 * c.stage, c.parity); };  // V(e-1) landed
+    if (!kVWaitInWindow && c.pending) wait_v();
 
     float s[kBlock / 2];
     pp.BeforeScores();
@@ -128,7 +135,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
     // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
     IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, c.pa,
-                             descs.V(c.stage), c.pending);
+                             descs.V(c.stage), c.pending,
+                             [&] { if (kVWaitInWindow && c.pending) wait_v(); });
     pp.AfterScores();
     // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it, taken
     // under the GEMMs, after the issue: the CSR variants read the stage's slot (rewritten only

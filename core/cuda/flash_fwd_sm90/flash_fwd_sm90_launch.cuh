@@ -27,8 +27,10 @@ namespace attnserve {
 // (TMA multicast; Sm90PersistentTraits): the implicit dense and causal layouts, else
 // cudaErrorNotSupported. The grid is as many clusters as the device holds at once
 // (cudaOccupancyMaxActiveClusters), at most num_sms / 2.
+// kFullTiles: the CSR variant without a mask path, for params.csr_all_full layouts loaded by TMA,
+// else cudaErrorNotSupported.
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128,
-          int kClusterM = 1>
+          int kClusterM = 1, bool kFullTiles = false>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream);
 
@@ -54,15 +56,21 @@ cudaError_t MakeSm90TmaMaps(const FlashFwdParams& params, int box_rows, Sm90TmaM
 
 namespace attnserve {
 
-template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN, int kClusterM>
+template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN, int kClusterM,
+          bool kFullTiles>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
                                           int head_group, bool tma, cudaStream_t stream) {
-  using Traits =
-      flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN, kClusterM>;
+  using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN,
+                                                  kClusterM, kFullTiles>;
   if (params.block_size != Traits::kLayoutBlock) return cudaErrorInvalidValue;  // a caller bug
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
+  // The mask-free tile loop: CSR layouts of whole kFull blocks, TMA loads only.
+  constexpr bool kTmaOnly = kImplicitOnly || kFullTiles;
+  if (kFullTiles && (params.col_idx == nullptr || !params.csr_all_full || !tma)) {
+    return cudaErrorNotSupported;
+  }
   // A row order other than the implicit causal layout's own heavy-first walk (which DecodeItem
   // takes without it) would name rows of the layout block, not of a cluster's pair.
   if (kClusterM > 1 && params.row_order != nullptr &&
@@ -73,12 +81,12 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   // Q in boxes of one consumer warpgroup's 64 rows: each warpgroup's rows load on their own;
   // K / V in boxes of a CTA's share of a tile.
   if (tma && MakeSm90TmaMaps(params, Traits::kBlock / kClusterM, &maps, 64) != cudaSuccess) {
-    if (kImplicitOnly) return cudaErrorNotSupported;
+    if (kTmaOnly) return cudaErrorNotSupported;
     tma = false;
   }
-  // Tall items and wide tiles are instantiated with TMA loads only.
+  // Tall items, wide tiles and full tiles are instantiated with TMA loads only.
   decltype(&flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>) kernel = nullptr;
-  if constexpr (kImplicitOnly) {
+  if constexpr (kTmaOnly) {
     kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>;
   } else {
     kernel = tma ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>

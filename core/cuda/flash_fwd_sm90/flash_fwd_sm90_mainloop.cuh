@@ -194,13 +194,14 @@ __device__ __forceinline__ void GemmPV(float (&acc_o)[Traits::kHeadDim / 2],
 // completes S (the older group), WgmmaWait<0> both. A skipped GEMM still commits its (empty)
 // group, so the waits count the same groups on every path and no issued wgmma reaches the loop's
 // back edge unwaited (ptxas serializes the kernel's wgmma otherwise, C7517). dq, dk, dv: the
-// descriptors of Q, K(e) and V(e-1) (RingDescs).
-template <typename Traits>
+// descriptors of Q, K(e) and V(e-1) (RingDescs). before_pv() runs between the two issues (the
+// consumer's wait for V(e-1), where it waits there).
+template <typename Traits, typename BeforePv>
 __device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2], uint64_t dq,
                                                  uint64_t dk, bool scores,
                                                  float (&acc_o)[Traits::kHeadDim / 2],
                                                  uint32_t (&pa)[Traits::kBlock / 16][4],
-                                                 uint64_t dv, bool pv) {
+                                                 uint64_t dv, bool pv, BeforePv before_pv) {
   constexpr int kPvSteps = Traits::kBlock / 16;
 #pragma unroll
   for (int i = 0; i < Traits::kBlock / 2; ++i) FenceReg(s[i]);
@@ -221,6 +222,7 @@ __device__ __forceinline__ void IssueScoresAndPV(float (&s)[Traits::kBlock / 2],
   } else {
     WgmmaCommit();
   }
+  before_pv();
   if (pv) {
     PvStepsDesc<Traits>(acc_o, pa, dv);
     WgmmaCommit();
