@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of our dense Hopper kernel and FlashAttention-4's on the same shape, one
+# Nsight Compute profile of our Hopper kernel and FlashAttention-4's on the same case, one
 # launch each, in one run: where the two spend their cycles (tensor pipe, MUFU, issue slots, shared
 # memory, stall reasons) and per-SASS counters to compare instruction mixes per tile.
 #
 # Usage (on the GPU host, bundle unpacked, FA4 installed into FA4_SITE as docs/DEVELOPERS.md
 # "GPU runs" says): NEW=/path/to/bundle FA4_SITE=/tmp/fa4site bench/ncu_vs_fa4.sh OUT [D]
 #   D = 128 (default) or 64; bf16, N = 16384, Hq = Hkv = 16, non-causal (attnbench_cuda's
-#   dense_n16384 / dense_d64_n16384); CASE=sparse_random_s90 (env) for a block-sparse case. Without FA4_SITE only our kernel is profiled (FA4's profile
-#   of an earlier run still compares, FA4 being the same wheel).
+#   dense_n16384 / dense_d64_n16384). CASE=sparse_random_s90 (env; any block-sparse case of
+#   attnbench_cuda, N = 65536, D = 128): both kernels on the same CSR. Without FA4_SITE only our
+#   kernel is profiled (FA4's profile of an earlier run still compares, FA4 being the same
+#   wheel).
 # Writes OUT/{own,fa4}.ncu-rep, OUT/{own,fa4}.details.txt (ncu --page details) and
 # OUT/{own,fa4}.sass.csv.gz (ncu --page source --csv --print-source sass). Timings under the
 # profiler (--clock-control none) are not figures; the ratios of counters are what it is for.

@@ -107,8 +107,8 @@ namespace flash_sm90 {
 // released it (empty barriers count both CTAs' consumer warps; MbarArriveClusterLanes).
 // kFullTiles_: a CSR variant for layouts whose every entry is kFull over whole key blocks
 // (FlashFwdParams::csr_all_full): the tile loop has no mask path (ApplyMask, the mask-kind and
-// ragged-tile tests): ~440 instead of ~950 instructions, 1.2-1.8% fewer cycles at 90% and 99%
-// skipped (h200x2-2026-11-28-kernel10/d).
+// ragged-tile tests): 501 instead of 945 instructions per tile at D = 128, 1.2-1.8% fewer cycles
+// at 90% and 99% skipped (h200x2-2026-11-28-kernel10/d).
 template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128,
           int kClusterM_ = 1, bool kFullTiles_ = false>
 struct Sm90PersistentTraits
