@@ -3,7 +3,8 @@
 // - spec level (CudaAttentionPlan -> RunAttentionForward) vs core/reference, in this file: dense,
 //   causal, window (causal and not), block-sparse random / local_window / caller CSR (empty rows),
 //   dilated (the accumulate epilogue), ragged N, GQA, several batches, bf16 and f16, head dims
-//   64/128, blocks 64/128, CSRs of kFull blocks over whole key blocks (the mask-free variant);
+//   64/128, blocks 64/128, CSRs of kFull blocks and dense over whole key blocks (the mask-free
+//   variant);
 //   every run checks which kernel ran (the plan reports it);
 // - params level (RunAttentionForward on BuildFlashFwdParams) vs a float64 loop, in
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
@@ -135,6 +136,9 @@ std::vector<Case> SpecCases() {
   add("bs128_csr_full", BlockSparseSpec{128, TestCsr(8)}, false, {2, 1024, 4, 1, 128},
       DType::kBF16);
   cases.back().all_full = true;
+  // The dense non-causal layout over whole key blocks takes the same variant (its plan has no
+  // CSR, so all_full stays false).
+  add("dense_whole_blocks", DenseSpec{}, false, {1, 1024, 4, 2, 128}, DType::kBF16);
   // Long ragged row (4097 = 32 blocks + 1 token), cheap heads for the float64 reference.
   add("dense_long", DenseSpec{}, true, {1, 4097, 2, 1, 64}, DType::kBF16);
   add("bs128_random_long", BlockSparseSpec{128, RandomGen{0.2, 5}}, false, {1, 4097, 2, 2, 128},
@@ -331,13 +335,15 @@ TEST(FlashSm90DispatchTest, ForcedUnsupportedIsUnimplemented) {
   }
 }
 
-// The mask-free CSR variant: a CSR known to hold kFull entries only, whole key blocks, block 128.
-TEST(FlashSm90DispatchTest, FullTilesOnlyForCsrOfWholeFullBlocks) {
+// The mask-free variant: a CSR known to hold kFull entries only, or the dense non-causal layout,
+// over whole key blocks, block 128.
+TEST(FlashSm90DispatchTest, FullTilesOnlyForWholeFullBlocks) {
   static const int32_t kCol = 0;
   FlashFwdParams p;
   p.block_size = 128;
+  p.seqlen = 1000;
+  EXPECT_FALSE(Sm90FullTiles(p)) << "implicit dense layout, ragged last key block";
   p.seqlen = 1024;
-  EXPECT_FALSE(Sm90FullTiles(p)) << "implicit dense layout";
   p.col_idx = &kCol;
   EXPECT_FALSE(Sm90FullTiles(p)) << "a CSR not known to be all kFull";
   p.csr_all_full = true;
@@ -348,6 +354,11 @@ TEST(FlashSm90DispatchTest, FullTilesOnlyForCsrOfWholeFullBlocks) {
   EXPECT_TRUE(Sm90FullTiles(p)) << "rectangular, whole key blocks";
   p.block_size = 64;
   EXPECT_FALSE(Sm90FullTiles(p)) << "block 64 has its own variant";
+  p.block_size = 128;
+  p.col_idx = nullptr;
+  EXPECT_TRUE(Sm90FullTiles(p)) << "implicit dense, non-causal, whole key blocks";
+  p.dense_causal = true;
+  EXPECT_FALSE(Sm90FullTiles(p)) << "implicit causal: its diagonal tiles are masked";
 }
 
 // Kernel and schedule names: what flags and environment variables may say, parsed once.

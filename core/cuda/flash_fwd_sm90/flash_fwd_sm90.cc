@@ -125,7 +125,8 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
           if (err != cudaErrorNotSupported) return err;
         }
       }
-      // CSR layouts of whole kFull blocks: the tile loop without a mask path (the launcher
+      // Layouts of whole full blocks (a CSR of kFull entries, the dense non-causal layout, key
+      // length a multiple of the block): the tile loop without a mask path (the launcher
       // refuses other layouts, and loads without TMA).
       if (Sm90FullTiles(p)) {
         const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 2, 128, 1, true>(
@@ -199,8 +200,8 @@ cudaError_t EncodeMap(const void* base, DType dtype, const FlashFwdParams& p, in
 
 bool Sm90FullTiles(const FlashFwdParams& p) {
   const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
-  return p.col_idx != nullptr && p.csr_all_full && p.block_size == 128 &&
-         nk % p.block_size == 0;
+  const bool full = p.col_idx != nullptr ? p.csr_all_full : !p.dense_causal;
+  return full && p.block_size == 128 && nk % p.block_size == 0;
 }
 
 int Sm90HeadGroup(const FlashFwdParams& p, int ctas, int64_t l2_bytes, Sm90ItemOrder order) {

@@ -68,9 +68,9 @@ absl::StatusOr<FlashKernel> FlashKernelFor(const FlashFwdParams& params,
 // inputs; the measured rules do not need it yet).
 int Sm90HeadGroup(const FlashFwdParams& params, int ctas, int64_t l2_bytes, Sm90ItemOrder order);
 
-// Whether block-128 `params` take the persistent kernel's mask-free CSR variant: a CSR of kFull
-// entries over whole key blocks (FlashFwdParams::csr_all_full) whose key length is a multiple of
-// the block, with no token rule left to apply.
+// Whether block-128 `params` take the persistent kernel's mask-free variant: a CSR of kFull
+// entries (FlashFwdParams::csr_all_full) or the implicit dense non-causal layout, over a key
+// length that is a multiple of the block, so that no tile needs a mask.
 bool Sm90FullTiles(const FlashFwdParams& params);
 
 // Launches `kernel` (kSm90Persistent, as FlashKernelFor chose it for params) with the variant

@@ -113,7 +113,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
         blk = e;
         work = e < work_end;
         masked = e >= mask_from;
-      } else if constexpr (Traits::kFullTiles) {  // kFull entries over whole key blocks
+      } else if constexpr (Traits::kFullTiles) {  // whole full blocks (Sm90FullTiles)
         blk = sm.meta[2 * stage];
         work = blk < blk_end;
       } else {

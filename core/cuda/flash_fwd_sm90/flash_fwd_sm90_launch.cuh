@@ -27,8 +27,8 @@ namespace attnserve {
 // (TMA multicast; Sm90PersistentTraits): the implicit dense and causal layouts, else
 // cudaErrorNotSupported. The grid is as many clusters as the device holds at once
 // (cudaOccupancyMaxActiveClusters), at most num_sms / 2.
-// kFullTiles: the CSR variant without a mask path, for params.csr_all_full layouts loaded by TMA,
-// else cudaErrorNotSupported.
+// kFullTiles: the variant without a mask path (Sm90FullTiles: a CSR of kFull entries or the dense
+// non-causal layout, whole key blocks) loaded by TMA, else cudaErrorNotSupported.
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128,
           int kClusterM = 1, bool kFullTiles = false>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
@@ -66,10 +66,12 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
-  // The mask-free tile loop: CSR layouts of whole kFull blocks, TMA loads only.
+  // The mask-free tile loop: whole full blocks only (Sm90FullTiles' rule), TMA loads only.
   constexpr bool kTmaOnly = kImplicitOnly || kFullTiles;
-  if (kFullTiles && (params.col_idx == nullptr || !params.csr_all_full || !tma)) {
-    return cudaErrorNotSupported;
+  if constexpr (kFullTiles) {
+    const long long nk = params.seqlen_k >= 0 ? params.seqlen_k : params.seqlen;
+    const bool full = params.col_idx != nullptr ? params.csr_all_full : !params.dense_causal;
+    if (!full || nk % Traits::kBlock != 0 || !tma) return cudaErrorNotSupported;
   }
   // A row order other than the implicit causal layout's own heavy-first walk (which DecodeItem
   // takes without it) would name rows of the layout block, not of a cluster's pair.

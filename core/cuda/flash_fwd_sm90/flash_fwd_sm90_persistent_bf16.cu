@@ -1,7 +1,7 @@
 // Instantiations of the sm90 persistent (warp-specialized) kernel: bf16, head dims 64/128,
 // blocks 128 and 64;
-// 192-row items at D = 64, 176-key tiles at D = 128 (also in clusters of two CTAs), CSR
-// layouts of whole kFull blocks.
+// 192-row items at D = 64, 176-key tiles at D = 128 (also in clusters of two CTAs), layouts of
+// whole full blocks.
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
 
 namespace attnserve {
@@ -18,7 +18,7 @@ template cudaError_t RunFlashFwdSm90PersistentImpl<128, __nv_bfloat16, 2, 176>(
 // The same in clusters of two CTAs sharing K/V loads (dense layout).
 template cudaError_t RunFlashFwdSm90PersistentImpl<128, __nv_bfloat16, 2, 176, 2>(
     const FlashFwdParams&, int, int, bool, cudaStream_t);
-// CSR layouts of whole kFull blocks: the tile loop without a mask path.
+// Layouts of whole full blocks (a CSR of kFull entries, dense non-causal): no mask path.
 template cudaError_t RunFlashFwdSm90PersistentImpl<64, __nv_bfloat16, 2, 128, 1, true>(
     const FlashFwdParams&, int, int, bool, cudaStream_t);
 template cudaError_t RunFlashFwdSm90PersistentImpl<128, __nv_bfloat16, 2, 128, 1, true>(

@@ -105,10 +105,11 @@ namespace flash_sm90 {
 // both CTAs' stage (same offset, same barrier offset), so L2 serves every K/V byte once per
 // cluster instead of once per CTA. A stage is then free only when the consumers of both CTAs
 // released it (empty barriers count both CTAs' consumer warps; MbarArriveClusterLanes).
-// kFullTiles_: a CSR variant for layouts whose every entry is kFull over whole key blocks
-// (FlashFwdParams::csr_all_full): the tile loop has no mask path (ApplyMask, the mask-kind and
-// ragged-tile tests): 501 instead of 945 instructions per tile at D = 128, 1.2-1.8% fewer cycles
-// at 90% and 99% skipped (h200x2-2026-11-28-kernel10/d).
+// kFullTiles_: for layouts of whole full blocks (a CSR of kFull entries, FlashFwdParams::
+// csr_all_full, or the dense non-causal layout, over whole key blocks; Sm90FullTiles): the
+// tile loop has no mask path (ApplyMask, the mask-kind and ragged-tile tests): 501 instead of
+// 945 instructions per tile at D = 128, 1.2-1.8% fewer cycles at 90% and 99% skipped
+// (h200x2-2026-11-28-kernel10/d).
 template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 128,
           int kClusterM_ = 1, bool kFullTiles_ = false>
 struct Sm90PersistentTraits
@@ -118,7 +119,7 @@ struct Sm90PersistentTraits
   static_assert(kClusterM == 1 || (kClusterM == 2 && Roles::kImplicitOnly),
                 "clusters of two, on the implicit-only variants (the layout's rows share tiles)");
   static constexpr bool kFullTiles = kFullTiles_;
-  static_assert(!kFullTiles || !Roles::kImplicitOnly, "full tiles: a CSR variant");
+  static_assert(!kFullTiles || !Roles::kImplicitOnly, "full tiles: a 128-row, 128-key variant");
   static_assert(Roles::kBlock % (8 * kClusterM) == 0,
                 "a CTA's share of a tile is whole 8-row swizzle atoms");
   // Consumer warps that release a stage (a lane each): those of every CTA of the cluster.
