@@ -78,6 +78,14 @@ struct FlashFwdParams {
   int64_t rule_window = -1;   // |i - j| <= window; -1: no window
 };
 
+// No tile of the launch needs a mask: a CSR of kFull entries (csr_all_full) or the implicit dense
+// non-causal layout, over a key length that is a multiple of the block (no ragged last tile).
+inline bool FlashFwdTilesAllFull(const FlashFwdParams& p) {
+  const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
+  const bool full = p.col_idx != nullptr ? p.csr_all_full : !p.dense_causal;
+  return full && p.block_size > 0 && nk % p.block_size == 0;
+}
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_CORE_CUDA_FLASH_FWD_FLASH_FWD_PARAMS_H_

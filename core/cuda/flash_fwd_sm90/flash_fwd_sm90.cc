@@ -199,9 +199,7 @@ cudaError_t EncodeMap(const void* base, DType dtype, const FlashFwdParams& p, in
 }  // namespace
 
 bool Sm90FullTiles(const FlashFwdParams& p) {
-  const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
-  const bool full = p.col_idx != nullptr ? p.csr_all_full : !p.dense_causal;
-  return full && p.block_size == 128 && nk % p.block_size == 0;
+  return p.block_size == 128 && FlashFwdTilesAllFull(p);
 }
 
 int Sm90HeadGroup(const FlashFwdParams& p, int ctas, int64_t l2_bytes, Sm90ItemOrder order) {

@@ -66,13 +66,9 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   // Items or tiles other than one layout block: implicit layouts and TMA loads only.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
   if (kImplicitOnly && (params.col_idx != nullptr || !tma)) return cudaErrorNotSupported;
-  // The mask-free tile loop: whole full blocks only (Sm90FullTiles' rule), TMA loads only.
+  // The mask-free tile loop: whole full blocks only, TMA loads only.
   constexpr bool kTmaOnly = kImplicitOnly || kFullTiles;
-  if constexpr (kFullTiles) {
-    const long long nk = params.seqlen_k >= 0 ? params.seqlen_k : params.seqlen;
-    const bool full = params.col_idx != nullptr ? params.csr_all_full : !params.dense_causal;
-    if (!full || nk % Traits::kBlock != 0 || !tma) return cudaErrorNotSupported;
-  }
+  if (kFullTiles && (!FlashFwdTilesAllFull(params) || !tma)) return cudaErrorNotSupported;
   // A row order other than the implicit causal layout's own heavy-first walk (which DecodeItem
   // takes without it) would name rows of the layout block, not of a cluster's pair.
   if (kClusterM > 1 && params.row_order != nullptr &&
