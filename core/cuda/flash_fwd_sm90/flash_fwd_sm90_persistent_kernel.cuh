@@ -216,37 +216,43 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
     }
   };
   uint32_t g = 0;  // global index of the item's first tile in this CTA's tile sequence
-  for (int r = 0, item = CtaItem<kClusterM>(0); item < num_items;
-       item = CtaItem<kClusterM>(++r)) {
-    const WorkItem w = DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys, kClusterM>(
-        p, item, hz, head_group);
-    const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
-    const int batch = w.z / p.num_segs;
-    const int seg = w.z % p.num_segs;
-    if (lane == 0) {
-      for (int e = 0; e < w.count; ++e) {
-        const uint32_t gi = g + static_cast<uint32_t>(e);
-        const int stage = static_cast<int>(gi % Traits::kStages);
-        const uint32_t use = gi / Traits::kStages;
-        int mask;
-        const int blk =
-            TileKeyBlock<Traits::kItemRows, Traits::kTileKeys>(p, w.row, w.begin, e, mask);
-        if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
-        sm.meta[2 * stage] = blk;
-        sm.meta[2 * stage + 1] = mask;
-        const uint32_t bar = sm.bar_full + 8 * stage;
-        const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
-        const int k0 = blk * kBlock;
-        // The whole tile lands in this CTA (with a cluster, half of it from the other CTA).
-        MbarArriveExpectTx(bar, Traits::kTileBytes);
-        load(k_tile, tma_k, bar, k0, kv_head, seg, batch);
-        if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
-        const uint32_t bar_v = bar_full_v + 8 * stage;
-        MbarArriveExpectTx(bar_v, Traits::kTileBytes);
-        load(k_tile + Traits::kTileBytes, tma_v, bar_v, k0, kv_head, seg, batch);
+  // The CSR variants decode ahead (ItemWalk), on the issuing lane alone (with every lane
+  // walking, ptxas spilled the look-ahead at the block-64 variants' producer registers); the
+  // implicit-only ones have no loads to hide and decode on every lane as before.
+  constexpr bool kAhead = !Traits::kImplicitOnly;
+  if (!kAhead || lane == 0) {
+    ItemWalk<Traits::kItemRows, Traits::kTileKeys, kClusterM, kAhead> walk(
+        p, hz, head_group, num_items);
+    for (; walk.Valid(); walk.NextItem()) {
+      walk.BeginItem();
+      const WorkItem& w = walk.cur;
+      const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
+      const int batch = w.z / p.num_segs;
+      const int seg = w.z % p.num_segs;
+      if (lane == 0) {
+        for (int e = 0; e < w.count; ++e) {
+          const uint32_t gi = g + static_cast<uint32_t>(e);
+          const int stage = static_cast<int>(gi % Traits::kStages);
+          const uint32_t use = gi / Traits::kStages;
+          int mask;
+          const int blk = walk.Tile(e, mask);
+          if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
+          sm.meta[2 * stage] = blk;
+          sm.meta[2 * stage + 1] = mask;
+          const uint32_t bar = sm.bar_full + 8 * stage;
+          const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
+          const int k0 = blk * kBlock;
+          // The whole tile lands in this CTA (with a cluster, half of it from the other CTA).
+          MbarArriveExpectTx(bar, Traits::kTileBytes);
+          load(k_tile, tma_k, bar, k0, kv_head, seg, batch);
+          if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
+          const uint32_t bar_v = bar_full_v + 8 * stage;
+          MbarArriveExpectTx(bar_v, Traits::kTileBytes);
+          load(k_tile + Traits::kTileBytes, tma_v, bar_v, k0, kv_head, seg, batch);
+        }
       }
+      g += static_cast<uint32_t>(w.count);
     }
-    g += static_cast<uint32_t>(w.count);
   }
   if constexpr (kClusterM > 1) {
     // The other CTA's consumers release this CTA's stages through to its last tile: wait for
