@@ -243,11 +243,12 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   OnlineSoftmax<Traits::kBlock, kHeadDim> softmax;
   softmax.Reset();
   ConsumerCarry<Traits> c;
+  const bool vector_ok = OutputVectorOk<typename Traits::Elem>(p);
   // The carried item's output (rows past the query end are skipped inside StoreOutput).
   auto store_prev = [&] {
     const int64_t wg_row0 = static_cast<int64_t>(c.row) * Traits::kBlockM + wg * 64;
     StoreOutput<typename Traits::Elem>(p, acc_o, c.softmax, MakeOutputBase(p, c.y, c.z),
-                                       wg_row0 + row_in_wg, lane % 4);
+                                       wg_row0 + row_in_wg, lane % 4, vector_ok);
   };
   RingPos<Traits::kStages> ring;  // the stage of the CTA's next tile
   uint32_t local = 0;  // items of this CTA so far
@@ -270,7 +271,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
       OnlineSoftmax<Traits::kBlock, kHeadDim> none;
       none.Reset();
       StoreOutput<typename Traits::Elem>(p, zeros, none, MakeOutputBase(p, y, z),
-                                         wg_row0 + row_in_wg, lane % 4);
+                                         wg_row0 + row_in_wg, lane % 4, vector_ok);
       continue;
     }
     softmax.Reset();

@@ -30,17 +30,53 @@ __device__ __forceinline__ OutputBase MakeOutputBase(const FlashFwdParams& p, in
           p.lse + batch * p.lse_batch_stride + seg * p.lse_seg_stride + head * p.lse_head_stride};
 }
 
+// A quad's 4 x 4 transpose of 32-bit words (lanes 4 g + t, t = lane % 4): lane t's x[j] becomes
+// lane j's x[t], in two butterfly steps (lanes t ^ 2, then t ^ 1) of two shuffles each. Every lane
+// of the warp takes part.
+__device__ __forceinline__ void QuadTranspose(uint32_t (&x)[4], int t) {
+  const bool hi2 = (t & 2) != 0;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi2 ? x[0] : x[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi2 ? x[1] : x[3], 2);
+  x[0] = hi2 ? r0 : x[0];
+  x[1] = hi2 ? r1 : x[1];
+  x[2] = hi2 ? x[2] : r0;
+  x[3] = hi2 ? x[3] : r1;
+  const bool hi1 = (t & 1) != 0;
+  r0 = __shfl_xor_sync(0xffffffffu, hi1 ? x[0] : x[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, hi1 ? x[2] : x[3], 1);
+  x[0] = hi1 ? r0 : x[0];
+  x[1] = hi1 ? x[1] : r0;
+  x[2] = hi1 ? r1 : x[2];
+  x[3] = hi1 ? x[3] : r1;
+}
+
+// O in 16-byte stores where every row of O starts 16-byte aligned (OutputVectorOk): a warp's
+// 4-byte stores write 16 bytes of each of 8 rows (32 of them per thread and item at D = 128),
+// and the LSU queue they fill held the epilogue's register reuse (long-scoreboard stalls on the
+// registers the stores still read: ~5% of the warp samples at 99% of block pairs skipped).
+template <typename Elem>
+__device__ __forceinline__ bool OutputVectorOk(const FlashFwdParams& p) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(p.o) |
+                        static_cast<uint64_t>((p.o_row_stride | p.o_head_stride |
+                                               p.o_batch_stride | p.o_seg_stride) *
+                                              static_cast<int64_t>(sizeof(Elem)));
+  return (bits & 15) == 0;
+}
+
 // Finishes the denominators over each quad and writes the thread's two rows (my_row0 + 8 h) of
-// O (64, kHeadDim) and their LSE. Rows past the query end are skipped; a row with no admissible
-// key (denominator 0, or NaN) gets O = 0 and LSE = -inf, and in accumulate mode leaves the
-// accumulator untouched. Accumulate: LSE_out = log(e^LSE_acc + e^LSE), O_acc = w_acc O_acc +
-// w_new O with the weights exp(LSE_* - LSE_out); O_acc is not read when w_acc is 0 (LSE_acc =
-// -inf: nothing accumulated yet, its contents may be garbage).
+// O (64, kHeadDim) and their LSE: with vector_ok (OutputVectorOk) in 16-byte stores, otherwise
+// (rows not 16-byte aligned, or accumulate mode) a word or a float2 at a time. Rows past the
+// query end are skipped; a row with no admissible key (denominator 0, or NaN) gets O = 0 and
+// LSE = -inf, and in accumulate mode leaves the accumulator untouched. Accumulate: LSE_out =
+// log(e^LSE_acc + e^LSE), O_acc = w_acc O_acc + w_new O with the weights exp(LSE_* - LSE_out);
+// O_acc is not read when w_acc is 0 (LSE_acc = -inf: nothing accumulated yet, its contents may
+// be garbage).
 template <typename Elem, int kBlock, int kHeadDim>
 __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
                                             const float (&acc_o)[kHeadDim / 2],
                                             const OnlineSoftmax<kBlock, kHeadDim>& softmax,
-                                            const OutputBase& out, int64_t my_row0, int t) {
+                                            const OutputBase& out, int64_t my_row0, int t,
+                                            bool vector_ok) {
   const int64_t n = p.seqlen;
   float row_l[2];
   float lse_prev[2];
@@ -54,6 +90,37 @@ __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
     lse_prev[h] = (p.accumulate && r < n) ? out.lse[r * p.lse_row_stride] : -INFINITY;
   }
   __syncwarp();  // the quad's t == 0 lane rewrites the LSE the other three lanes just read
+  if (!p.accumulate && vector_ok) {
+    // Each quad transposes its row's 16 words in groups of four, so that lane t holds the 8
+    // columns [8 (4 k + t), 8 (4 k + t) + 8) of group k: four 16-byte stores per row. The
+    // shuffles run on every lane (rows past the query end only skip the stores).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float l = row_l[h];
+      const bool empty = !(l > 0.f);
+      const float inv = empty ? 0.f : 1.f / l;
+      const int64_t r = my_row0 + 8 * h;
+      Elem* orow = static_cast<Elem*>(p.o) + out.o_offset + r * p.o_row_stride;
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 32; ++k) {
+        uint32_t x[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int i = 4 * k + j;
+          x[j] = Pack<Elem>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
+        }
+        QuadTranspose(x, t);
+        if (r < n) {
+          *reinterpret_cast<uint4*>(orow + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+        }
+      }
+      if (t == 0 && r < n) {
+        out.lse[r * p.lse_row_stride] =
+            empty ? -INFINITY : softmax.row_max[h] * p.scale + logf(l);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = row_l[h];
