@@ -36,7 +36,10 @@ double OTol(DType dtype) {
     case DType::kBF16:
       return 1e-2;
     case DType::kF32:
-      return 1e-2;  // computed in bf16 (documented in cuda_attention.h)
+      // Computed in bf16 (documented in cuda_attention.h) from inputs rounded to bf16, which the
+      // float64 reference does not round: that adds to the error (rect_attention_test's
+      // random_chunk with ATTN_TEST_SEED=7185794720605136659: 1.024e-2 on an H200).
+      return 2e-2;
   }
   return 0;
 }
