@@ -90,15 +90,22 @@ __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
     lse_prev[h] = (p.accumulate && r < n) ? out.lse[r * p.lse_row_stride] : -INFINITY;
   }
   __syncwarp();  // the quad's t == 0 lane rewrites the LSE the other three lanes just read
+  // Row h's 1 / l (0 for a row with no admissible key: empty) and its natural-log LSE.
+  auto row_inv = [&](int h, bool& empty) {
+    empty = !(row_l[h] > 0.f);
+    return empty ? 0.f : 1.f / row_l[h];
+  };
+  auto row_lse = [&](int h, bool empty) {
+    return empty ? -INFINITY : softmax.row_max[h] * p.scale + logf(row_l[h]);
+  };
   if (!p.accumulate && vector_ok) {
     // Each quad transposes its row's 16 words in groups of four, so that lane t holds the 8
     // columns [8 (4 k + t), 8 (4 k + t) + 8) of group k: four 16-byte stores per row. The
     // shuffles run on every lane (rows past the query end only skip the stores).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float l = row_l[h];
-      const bool empty = !(l > 0.f);
-      const float inv = empty ? 0.f : 1.f / l;
+      bool empty;
+      const float inv = row_inv(h, empty);
       const int64_t r = my_row0 + 8 * h;
       Elem* orow = static_cast<Elem*>(p.o) + out.o_offset + r * p.o_row_stride;
 #pragma unroll
@@ -114,21 +121,17 @@ __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
           *reinterpret_cast<uint4*>(orow + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
         }
       }
-      if (t == 0 && r < n) {
-        out.lse[r * p.lse_row_stride] =
-            empty ? -INFINITY : softmax.row_max[h] * p.scale + logf(l);
-      }
+      if (t == 0 && r < n) out.lse[r * p.lse_row_stride] = row_lse(h, empty);
     }
     return;
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = row_l[h];
-    const bool empty = !(l > 0.f);
-    const float inv = empty ? 0.f : 1.f / l;
+    bool empty;
+    const float inv = row_inv(h, empty);
     const int64_t r = my_row0 + 8 * h;
     if (r >= n) continue;
-    const float lse_new = empty ? -INFINITY : softmax.row_max[h] * p.scale + logf(l);
+    const float lse_new = row_lse(h, empty);
     if (!p.accumulate) {
       Elem* orow = static_cast<Elem*>(p.o) + out.o_offset + r * p.o_row_stride;
 #pragma unroll
