@@ -47,12 +47,10 @@ using ::attnserve::testing::ShapeString;
 
 // Tolerances (max |o - ref| / max |ref|; LSE absolute): one output rounding plus accumulation in
 // f16/bf16; f32 inputs are computed in bf16 by both engines (see cuda_attention.h).
-// f32 inputs are rounded to bf16 first, which the float64 reference does not do
-// (cuda_attention_test.cc's OTol).
 double OTol(DType dtype) {
-  return dtype == DType::kF16 ? 5e-3 : (dtype == DType::kF32 ? 2e-2 : 1e-2);
+  return dtype == DType::kF16 ? 5e-3 : (dtype == DType::kF32 ? testing::kF32InputOTolerance : 1e-2);
 }
-double LseTol(DType dtype) { return dtype == DType::kF32 ? 3e-2 : 2e-3; }
+double LseTol(DType dtype) { return dtype == DType::kF32 ? testing::kF32InputLseTolerance : 2e-3; }
 
 // A fresh device on GPU 0 with `engine` forced: an empty allocator cache (see the poisoning note
 // above) and no engine memory from earlier cases.

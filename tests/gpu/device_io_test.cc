@@ -54,8 +54,9 @@ void ExpectMatches(const ReferenceResult& ref, const HostTensor& o, const HostTe
   EXPECT_EQ(e.nonfinite, 0) << "an output element was not written";
   // As the other GPU tests: f32 inputs are computed in bf16 (rounded on the device), so their
   // bounds are bf16's input rounding, not f32's.
-  EXPECT_LE(e.o_rel, dtype == DType::kF16 ? 5e-3 : 1e-2);
-  if (lse != nullptr) EXPECT_LE(e.lse_max_abs, dtype == DType::kF32 ? 3e-2 : 2e-3);
+  const bool f32 = dtype == DType::kF32;
+  EXPECT_LE(e.o_rel, dtype == DType::kF16 ? 5e-3 : (f32 ? testing::kF32InputOTolerance : 1e-2));
+  if (lse != nullptr) EXPECT_LE(e.lse_max_abs, f32 ? testing::kF32InputLseTolerance : 2e-3);
 }
 
 struct Case {

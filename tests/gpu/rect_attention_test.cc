@@ -83,9 +83,8 @@ TEST(RectAttentionTest, EveryKindMatchesTheReference) {
       EXPECT_EQ(info.engine, "flash_fwd");
       const ErrorStats e = CompareToReference(*ref, out.o, &out.lse);
       EXPECT_EQ(e.nonfinite, 0) << "an output element was not written (or not -inf/0 where no key)";
-      // f32 inputs are rounded to bf16 first (cuda_attention_test.cc's OTol): 2e-2 there.
-      EXPECT_LE(e.o_rel, dtype == DType::kF32 ? 2e-2 : 1e-2);
-      EXPECT_LE(e.lse_max_abs, dtype == DType::kF32 ? 3e-2 : 2e-3);
+      EXPECT_LE(e.o_rel, dtype == DType::kF32 ? testing::kF32InputOTolerance : 1e-2);
+      EXPECT_LE(e.lse_max_abs, dtype == DType::kF32 ? testing::kF32InputLseTolerance : 2e-3);
       EXPECT_GT(info.flops, 0);
     }
   }
