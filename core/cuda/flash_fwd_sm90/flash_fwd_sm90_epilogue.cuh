@@ -118,7 +118,10 @@ __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
         }
         QuadTranspose(x, t);
         if (r < n) {
-          *reinterpret_cast<uint4*>(orow + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+          // Streaming (st.global.cs, evict-first): O is not read again by this kernel, and
+          // leaves L2 to the K/V tiles that the head group's items read again.
+          __stcs(reinterpret_cast<uint4*>(orow + 8 * (4 * k + t)),
+                 make_uint4(x[0], x[1], x[2], x[3]));
         }
       }
       if (t == 0 && r < n) out.lse[r * p.lse_row_stride] = row_lse(h, empty);
@@ -136,8 +139,8 @@ __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
       Elem* orow = static_cast<Elem*>(p.o) + out.o_offset + r * p.o_row_stride;
 #pragma unroll
       for (int i = 0; i < kHeadDim / 8; ++i) {
-        *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) =
-            Pack<Elem>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
+        __stcs(reinterpret_cast<unsigned int*>(orow + i * 8 + 2 * t),
+               Pack<Elem>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv));
       }
       if (t == 0) out.lse[r * p.lse_row_stride] = lse_new;
     } else if (!empty) {

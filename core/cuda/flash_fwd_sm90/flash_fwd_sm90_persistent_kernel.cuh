@@ -202,16 +202,23 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
     PrefetchTensorMap(tma_v);
   }
   // One box per 64-column panel of the CTA's share, into this CTA (or every CTA of the cluster).
+  // The CSR variants load K/V with L2 evict_last, so that the streamed Q rows (evict_first) and
+  // O (streaming stores) do not push out of L2 the tiles that the head group's other items read
+  // again: at 99% skipped, random, 7.5% fewer DRAM bytes read (h200-2026-11-28-kernel12). Not
+  // in the implicit-only variants, whose head groups are sized to keep K/V in L2 and whose
+  // producers, at 32-40 registers, spilled around every load for the 64-bit policy operand.
   auto load = [&](uint32_t tile, const CUtensorMap* map, uint32_t bar, int k0, int kv_head,
                   int seg, int batch) {
 #pragma unroll
     for (int panel = 0; panel < kPanels; ++panel) {
       const uint32_t dst = tile + panel * Traits::kPanelBytes + rank * kShare * 128;
-      if constexpr (kClusterM == 1) {
-        TmaLoad5d(dst, map, bar, panel * 64, k0, kv_head, seg, batch);
-      } else {
+      if constexpr (kClusterM > 1) {
         TmaLoad5dMulticast(dst, map, bar, (1u << kClusterM) - 1, panel * 64,
                            k0 + rank * kShare, kv_head, seg, batch);
+      } else if constexpr (Traits::kImplicitOnly) {
+        TmaLoad5d(dst, map, bar, panel * 64, k0, kv_head, seg, batch);
+      } else {
+        TmaLoad5d(dst, map, bar, kL2EvictLast, panel * 64, k0, kv_head, seg, batch);
       }
     }
   };
@@ -291,6 +298,8 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   const int hz = p.num_heads * (p.batch * p.num_segs);
   uint32_t local = 0;  // items of this CTA so far (the round of CtaItem)
   constexpr int kClusterM = Traits::kClusterM;
+  // Each Q row is read once: evict_first, so that it does not push K/V out of L2.
+  constexpr uint64_t policy = kL2EvictFirst;
   for (int item = CtaItem<kClusterM>(0); item < num_items;
        item = CtaItem<kClusterM>(static_cast<int>(++local))) {
     const WorkItem w = DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys, kClusterM>(
@@ -314,7 +323,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 #pragma unroll
           for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
             TmaLoad5d(sm.q + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q,
-                      QFullBar<Traits>(sm, h), panel * 64, w.row * kBlockM + h * 64, head,
+                      QFullBar<Traits>(sm, h), policy, panel * 64, w.row * kBlockM + h * 64, head,
                       w.z % p.num_segs, w.z / p.num_segs);
           }
         }

@@ -224,16 +224,34 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes)
       "r"(bytes)
       : "memory");
 }
+// L2 eviction policies for the TMA loads' cache hint: evict_last for what many loads read again
+// (K/V: every item of a head group reads its head's tiles), evict_first for what is read once
+// (Q), so that the streamed bytes do not push the reused ones out of L2. The values are what
+// `createpolicy.fractional.L2::evict_last.b64 p, 1.0` (evict_first) yields on sm_90, as
+// constants, so that the compiler materializes them at the load instead of keeping a 64-bit
+// register live through the producer loop (the producer warps run at 32-64 registers).
+constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
+constexpr uint64_t kL2EvictLast = 0x14F0000000000000ull;
 // One box of a 5-D tensor map (coordinates innermost first) into shared memory at `dst`,
-// completing its bytes on `bar`. The box lands in the map's swizzle (128 B here: the 16-byte chunk
-// c of box row r at c ^ (r % 8), the layout TileOffset addresses); rows outside the tensor are
-// zero-filled. Issued by one thread.
+// completing its bytes on `bar`. The box lands in the map's swizzle (128 B here: the 16-byte
+// chunk c of box row r at c ^ (r % 8), the layout TileOffset addresses); rows outside the tensor
+// are zero-filled. Issued by one thread.
 __device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, uint32_t bar, int c0,
                                           int c1, int c2, int c3, int c4) {
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
       "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
+// TmaLoad5d with an L2 cache policy (kL2EvictLast / kL2EvictFirst).
+__device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, uint32_t bar,
+                                              uint64_t policy, int c0, int c1, int c2, int c3,
+                                              int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%4, %5, %6, %7, %8}], [%2], %3;\n" ::"r"(dst),
+      "l"(tensor_map), "r"(bar), "l"(policy), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
 // TmaLoad5d into the same shared-memory offset of every CTA of the cluster in `cta_mask`, the
