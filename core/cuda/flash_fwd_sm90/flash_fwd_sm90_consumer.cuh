@@ -27,7 +27,7 @@ template <typename Traits>
 struct ConsumerCarry {
   uint32_t pa[Traits::kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
   bool pending = false;   // a P V GEMM is owed for stage `stage` (warpgroup-uniform)
-  int stage = 0;
+  int stage = 0;          // its V slot and that slot's full-barrier parity
   uint32_t parity = 0;
   bool owed = false;      // the previous item's epilogue is owed (warpgroup-uniform)
   int row = 0, y = 0, z = 0;  // the previous item: its query-block row, head and z
@@ -56,7 +56,8 @@ template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
     uint32_t bar_empty_v,
-    RingPos<Traits::kStages>& ring, int count, const PingPong<Traits::kConsumerWarpgroups>& pp,
+    RingPos<Traits::kKStages>& ring, RingPos<Traits::kVStages>& vring, int count,
+    const PingPong<Traits::kConsumerWarpgroups>& pp,
     const RingDescs<Traits>& descs, const ConsumerRow& cr, const ThreadRows& rows,
     int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
@@ -65,8 +66,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a mask
   // kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
-  // Stage releases go to every CTA of the cluster (lanes 0 .. kClusterM - 1 arrive); kNone: a
-  // lane that arrives nowhere.
+  // Releases go to every CTA of the cluster (lanes 0 .. kClusterM - 1); kNone arrives nowhere.
   constexpr int kClusterM = Traits::kClusterM;
   constexpr int kNone = kClusterM == 1 ? 1 : kNoArriveLane;
   // V(e-1) waited for inside the ping-pong window at 128-key tiles (FA4's order): 0.7-1.1% fewer
@@ -82,12 +82,10 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   int blk_full = static_cast<int>(min(nk / kBlock, int64_t{INT_MAX}));
   const int64_t last_row = cr.wg_row0 + 63 + rows.delta;
   int causal_last = last_row < 0 ? -1 : static_cast<int>(min(last_row / kBlock, int64_t{INT_MAX}));
-  // Pinned (an empty asm that "changes" them), so that ptxas keeps the three words rather than
-  // recomputing them from the 64-bit positions inside the loop.
+  // Pinned (an empty asm "changes" them): kept, not recomputed from 64-bit positions per tile.
   asm volatile("" : "+r"(blk_end), "+r"(blk_full), "+r"(causal_last));
-  // The implicit-only variants' tile tests against two per-item bounds: tile e (= key block e)
-  // has work iff e < work_end (before the key end, and not a causal tile past the warpgroup's
-  // last row: e < first_masked or e <= causal_last), and is masked iff e >= mask_from (a causal
+  // Implicit-only variants: tile e (= key block e) has work iff e < work_end (before the key
+  // end, and e < first_masked or e <= causal_last), and is masked iff e >= mask_from (a causal
   // diagonal tile or the ragged last one).
   int work_end = 0;
   int mask_from = 0;
@@ -97,12 +95,16 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     asm volatile("" : "+r"(work_end), "+r"(mask_from));
   }
   // Tile e; kFirst (tile 0, a compile-time variant outside the loop) finishes the previous item
-  // instead of rescaling O, so that the loop body holds no epilogue.
+  // instead of rescaling O, so that the loop body holds no epilogue. Its K slot (stage, parity)
+  // and V slot (vstage, vparity): one ring position in the uniform ring, two in the split ring.
   auto consume_tile = [&](auto first, int e) {
     constexpr bool kFirst = decltype(first)::value;
     const int stage = ring.stage;
     const uint32_t parity = ring.parity;
     ring.Advance();
+    const int vstage = Traits::kSplitRing ? vring.stage : stage;
+    const uint32_t vparity = Traits::kSplitRing ? vring.parity : parity;
+    if constexpr (Traits::kSplitRing) vring.Advance();
     MbarWait(sm.bar_full + 8 * stage, parity);
     int mask = 0;
     int blk = 0;
@@ -194,8 +196,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     } else {
       // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
       // after the release, so the release must not overtake the copy).
-      MbarWait(bar_full_v + 8 * stage, parity);
-      MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * stage, ln);
+      MbarWait(bar_full_v + 8 * vstage, vparity);
+      MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * vstage, ln);
     }
     if constexpr (kFirst) {
       // O is the previous item's, complete now: written out and zeroed for this item (whose
@@ -203,8 +205,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
       finish_prev();
     }
     c.pending = work;
-    c.stage = work ? stage : c.stage;
-    c.parity = work ? parity : c.parity;
+    c.stage = work ? vstage : c.stage;
+    c.parity = work ? vparity : c.parity;
   };
   consume_tile(std::true_type{}, 0);
   for (int e = 1; e < count; ++e) consume_tile(std::false_type{}, e);
@@ -223,10 +225,6 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   const int* item_meta, int num_items, int64_t nk,
                                                   int wg, int warp, int lane) {
   constexpr int kHeadDim = Traits::kHeadDim;
-  // This warpgroup's Q rows: landed / released, and its metadata slot.
-  const uint32_t bar_q_full = QFullBar<Traits>(sm, wg);
-  const uint32_t bar_q_empty = QEmptyBar<Traits>(sm, wg);
-  const int* const meta = item_meta + 4 * wg;
   const int64_t delta = p.q_pos_offset - p.k_pos_offset;
   const int64_t row_in_wg = (warp % 4) * 16 + lane / 4;  // the thread's first row in its 64
   // The wgmma descriptors of this warpgroup's Q rows and of the K/V ring, built once.
@@ -250,12 +248,17 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     StoreOutput<typename Traits::Elem>(p, acc_o, c.softmax, MakeOutputBase(p, c.y, c.z),
                                        wg_row0 + row_in_wg, lane % 4, vector_ok);
   };
-  RingPos<Traits::kStages> ring;  // the stage of the CTA's next tile
+  RingPos<Traits::kKStages> ring;   // the K slot of the CTA's next tile
+  RingPos<Traits::kVStages> vring;  // and its V slot (the split ring only)
   uint32_t local = 0;  // items of this CTA so far
   for (int item = CtaItem<Traits::kClusterM>(0); item < num_items;
        item = CtaItem<Traits::kClusterM>(static_cast<int>(++local))) {
-    // Q rows and the metadata of this item (the Q warp).
-    MbarWait(bar_q_full, local & 1u);
+    // Q rows and the metadata of this item (the Q warp), in Q buffer local % kQBufs: landed /
+    // released (q_full / q_empty of this warpgroup), and its metadata slot.
+    const int buf = static_cast<int>(local % Traits::kQBufs);
+    const uint32_t bar_q_empty = QEmptyBar<Traits>(sm, buf, wg);
+    const int* const meta = item_meta + 4 * (buf * Traits::kConsumerWarpgroups + wg);
+    MbarWait(QFullBar<Traits>(sm, buf, wg), (local / Traits::kQBufs) & 1u);
     const int row = meta[0];
     const int count = meta[1];
     const int y = meta[2];
@@ -281,7 +284,8 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                               : INT_MAX};
     const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
     ConsumeItemOverlapped<Traits>(
-        p, sm, bar_full_v, bar_empty_v, ring, count, pp, descs, cr, rows, nk, acc_o,
+        p, sm, bar_full_v, bar_empty_v, ring, vring, count, pp, descs.WithQBuf(buf), cr, rows, nk,
+        acc_o,
         softmax, c, lane,
         [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
         [&] {

@@ -89,17 +89,16 @@ __device__ __forceinline__ void PvStepsDesc(float (&acc_o)[Traits::kHeadDim / 2]
   }
 }
 
-// A consumer warpgroup's wgmma descriptors for the persistent kernel's K/V ring: its Q rows and
-// the K and V tiles of stage 0; stage s's are one add away (K(s) / V(s)), since stage tiles
-// lie kStageBytes apart below 2^18 (the start-address field takes offset >> 4 without a carry).
-// Built once per warpgroup, so the per-tile path from the ping-pong barrier to the GEMM issue holds no
-// descriptor arithmetic (the profile of the dense kernel had ~12 uniform instructions of it
-// there per tile).
+// A consumer warpgroup's wgmma descriptors for the persistent kernel's K/V ring: its Q rows (of
+// Q buffer 0) and the tiles of K slot 0 and V slot 0; slot s's are one add away (K(s) / V(s)),
+// and Q buffer b's (WithQBuf), since every tile lies below 2^18 (the start-address field takes
+// offset >> 4 without a carry). Built once per warpgroup, so the per-tile path from the
+// ping-pong barrier to the GEMM issue holds no descriptor arithmetic (the profile of the dense
+// kernel had ~12 uniform instructions of it there per tile).
 template <typename Traits>
 struct RingDescs {
-  static constexpr uint32_t kStageBytes = 2u * Traits::kTileBytes;  // K then V of one stage
   // Whole 64-bit descriptors (the high words, SBO 1024 and the 128-byte swizzle, are constants),
-  // so that a stage's or k-step's descriptor is one 64-bit add (UIADD3.64) of them. They are
+  // so that a slot's or k-step's descriptor is one 64-bit add (UIADD3.64) of them. They are
   // pinned in registers (an empty asm that "changes" them) in every variant: otherwise the
   // compiler rebuilds them from the shared-memory base at every use, right after the ping-pong
   // barrier. (Measured on an H200, bench/results/h200x2-2026-11-28-kernel5/ab-ctl.log: pinned for
@@ -110,15 +109,23 @@ struct RingDescs {
   __device__ __forceinline__ RingDescs(uint32_t q_wg, uint32_t kv)
       : q(MakeDesc(q_wg, 16, 1024)),
         k0(MakeDesc(kv, 16, 1024)),
-        v0(MakeDesc(kv + Traits::kTileBytes, Traits::kPanelBytes, 1024)) {
+        v0(MakeDesc(kv + Traits::kVOffset, Traits::kPanelBytes, 1024)) {
     asm volatile("" : "+l"(q), "+l"(k0), "+l"(v0));
   }
-  __device__ __forceinline__ uint64_t Q() const { return q; }
-  __device__ __forceinline__ uint64_t K(int stage) const {
-    return DescAdd(k0, static_cast<uint32_t>(stage) * (kStageBytes >> 4));
+  // The same descriptors with Q in buffer b.
+  __device__ __forceinline__ RingDescs WithQBuf(int b) const {
+    RingDescs d = *this;
+    if constexpr (Traits::kQBufs > 1) {
+      d.q = DescAdd(q, static_cast<uint32_t>(b) * (Traits::kQTileBytes >> 4));
+    }
+    return d;
   }
-  __device__ __forceinline__ uint64_t V(int stage) const {
-    return DescAdd(v0, static_cast<uint32_t>(stage) * (kStageBytes >> 4));
+  __device__ __forceinline__ uint64_t Q() const { return q; }
+  __device__ __forceinline__ uint64_t K(int slot) const {
+    return DescAdd(k0, static_cast<uint32_t>(slot) * (Traits::kKStride >> 4));
+  }
+  __device__ __forceinline__ uint64_t V(int slot) const {
+    return DescAdd(v0, static_cast<uint32_t>(slot) * (Traits::kVStride >> 4));
   }
 };
 

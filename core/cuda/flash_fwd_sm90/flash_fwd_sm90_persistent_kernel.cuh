@@ -33,22 +33,27 @@
 //   leave a tail, and groups of 3 heads still -10% there; bench/results/h200-2026-11-25-kernel/
 //   order/.)
 // - The K/V ring continues across items: every tile of the CTA has a global index G (tiles of
-//   earlier items of this CTA + e); stage = G % kStages, full/empty parity from G / kStages, and
-//   producer warp G % kProducerWarps loads it. No barrier is ever re-initialised.
-// - Q is single-buffered (smem: Q + 3 K/V stages = 7 x 32 KB at D = 128 already fills the
-//   227 KB; a second Q tile would cost a K/V stage, and at 99% sparsity a row has ~5 tiles, so a
-//   2-stage ring would expose the load latency on every tile), but per consumer warpgroup: Q has
-//   its own producer warp (warp 2 of the producer warpgroup; warps 0 and 1 load K/V only and
-//   never wait for Q), and each consumer warpgroup h has its own 64 Q rows, metadata slot and
-//   pair of barriers: q_full[h] (count 1 with TMA: the Q warp's arrive.expect_tx; 32 with
-//   cp.async) and q_empty[h] (count 4: one lane per warp of warpgroup h). A consumer warp arrives
-//   on its q_empty as soon as its S wgmma of the item's LAST tile completed (wgmma.wait_group
-//   after the S GEMM; or at once for an item with no tile). The Q warp waits on q_empty[h] of
-//   item j - 1, publishes h's metadata, loads h's rows of item j (one TMA box per panel) and
-//   arms q_full[h], for h = 0, 1, ...; then prefetches item j + 1's Q rows into L2
-//   (cp.async.bulk.prefetch.L2): a warpgroup's next Q loads from L2 while it runs its last
-//   softmax, and it starts the next item without waiting for the other warpgroup to finish the
-//   current one. (Measured on an H200, h200x2-2026-11-28-kernel5/
+//   earlier items of this CTA + e); its K goes to K slot G % kKStages, its V to V slot
+//   G % kVStages, full/empty parities from G / kKStages and G / kVStages (RingSlots), and
+//   producer warp G % kProducerWarps loads it. No barrier is ever re-initialised. The uniform
+//   ring has kStages stages of K and V; the split ring (D = 128, 128-key tiles, two consumer
+//   warpgroups: the CSR layouts at D = 128) has two K slots, three V slots and two Q buffers in
+//   the same 224 KB (Sm90WarpSpecializedTraits::kSplitRing).
+// - Q buffers (kQBufs: two in the split ring, one otherwise) per consumer warpgroup: Q has its
+//   own producer warp (warp 2 of the producer warpgroup; warps 0 and 1 load K/V only and never
+//   wait for Q), and each consumer warpgroup h has its own 64 Q rows, metadata slot and pair of
+//   barriers in each buffer b: q_full[b][h] (count 1 with TMA: the Q warp's arrive.expect_tx;
+//   32 with cp.async) and q_empty[b][h] (count 4: one lane per warp of warpgroup h). Item j of
+//   the CTA uses buffer j % kQBufs. A consumer warp arrives on its q_empty as soon as its S
+//   wgmma of the item's LAST tile completed (wgmma.wait_group after the S GEMM; or at once for
+//   an item with no tile). The Q warp waits on q_empty[b][h] of item j - kQBufs, publishes h's
+//   metadata, loads h's rows of item j (one TMA box per panel) and arms q_full[b][h], for
+//   h = 0, 1, ...; with one buffer it then prefetches item j + 1's Q rows into L2
+//   (cp.async.bulk.prefetch.L2), so that a warpgroup's next Q loads from L2 while it runs its
+//   last softmax; with two, item j + 1's rows load during the whole of item j (at 99% skipped
+//   the item start's Q wait, 3.2% of the samples, is gone: 1-2% fewer cycles, and without the
+//   prefetch 1.4-2.2% faster at the power cap, h200-2026-11-28-kernel12). Either way a warpgroup starts the next item without waiting for
+//   the other warpgroup to finish the current one. (Measured on an H200, h200x2-2026-11-28-kernel5/
 //   ab-qwg, medians of seven interleaved reps against one Q barrier pair for the whole tile:
 //   random 90% skipped 0.962x, local_window 90% 0.986x, 99% and dense level. The 90% cases run
 //   at the power cap and land in two groups ~10% apart, so the gain is inside their spread; it
@@ -56,9 +61,10 @@
 //   own warp, with Q loaded by K/V warp 0, the consumers spent ~18% of their stall samples
 //   waiting for Q at 99% skipped.)
 //   The cp.async fallback loads the whole tile once every warpgroup released it and arrives on
-//   every q_full[h].
-//   Consumers wait on q_full[h] (parity = local item count & 1) for EVERY item, also an empty
-//   one, so a phase is never skipped (a parity wait on a skipped phase would return at once).
+//   every q_full[b][h].
+//   Consumers wait on q_full[b][h] (parity = (local item count / kQBufs) & 1) for EVERY item,
+//   also an empty one, so a phase is never skipped (a parity wait on a skipped phase would
+//   return at once).
 // - Clusters (Sm90PersistentTraits' kClusterM = 2; the 176-key variant on the implicit dense and
 //   causal layouts): the cluster is the grid's unit (CtaItem deals clusters), its two CTAs run
 //   adjacent 128-row items of one (head, batch * seg) and walk the same tiles (causal: those of
@@ -124,25 +130,26 @@ struct Sm90PersistentTraits
                 "a CTA's share of a tile is whole 8-row swizzle atoms");
   // Consumer warps that release a stage (a lane each): those of every CTA of the cluster.
   static constexpr int kStageReleases = 4 * Roles::kConsumerWarpgroups * kClusterM;
-  // Tiles, then the barriers: full[kStages], empty[kStages], q_full[kConsumerWarpgroups],
-  // q_empty[kConsumerWarpgroups] (8 B each), then per stage (key block, mask kind) as two int32,
-  // then per consumer warpgroup the item's (row, count, y, z).
-  static constexpr int kBarOffset = Roles::kQTileBytes + Roles::kTileBytes * 2 * Roles::kStages;
-  static constexpr int kMetaOffset =
-      kBarOffset + 8 * (2 * Roles::kStages + 2 * Roles::kConsumerWarpgroups);
-  static constexpr int kItemMetaOffset = kMetaOffset + 8 * Roles::kStages;
-  // The V halves' barriers: full_v[kStages], empty_v[kStages] (full and empty above guard the K
-  // halves of the stages only).
-  static constexpr int kVBarOffset = kItemMetaOffset + 16 * Roles::kConsumerWarpgroups;
-  static constexpr int kSmemBytes = kVBarOffset + 16 * Roles::kStages + 1024;
+  // Tiles (Q buffers, then the ring), then the barriers: full[kKStages], empty[kKStages],
+  // q_full[kQBufs][kConsumerWarpgroups], q_empty[kQBufs][kConsumerWarpgroups] (8 B each), then
+  // per K slot (key block, mask kind) as two int32, then per Q buffer and consumer warpgroup the
+  // item's (row, count, y, z).
+  static constexpr int kQSlots = Roles::kQBufs * Roles::kConsumerWarpgroups;
+  static constexpr int kBarOffset = Roles::kQBufs * Roles::kQTileBytes + Roles::kRingBytes;
+  static constexpr int kMetaOffset = kBarOffset + 8 * (2 * Roles::kKStages + 2 * kQSlots);
+  static constexpr int kItemMetaOffset = kMetaOffset + 8 * Roles::kKStages;
+  // The V slots' barriers: full_v[kVStages], empty_v[kVStages] (full and empty above guard the
+  // K slots).
+  static constexpr int kVBarOffset = kItemMetaOffset + 16 * kQSlots;
+  static constexpr int kSmemBytes = kVBarOffset + 16 * Roles::kVStages + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
 };
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
 
 // K/V warp `warp` (< kProducerWarps): the kept tiles of the CTA's items into the ring; it never
-// waits for Q. Tile G of the CTA's tile sequence (tiles of its earlier items + e) goes to stage
-// G % kStages, use G / kStages of that stage, loaded by warp G % kProducerWarps.
+// waits for Q. Tile G of the CTA's tile sequence (tiles of its earlier items + e) goes to the
+// ring slots of RingSlots(G), loaded by warp G % kProducerWarps.
 template <typename Traits>
 __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
                                                     const WarpSpecializedSmem& sm,
@@ -165,8 +172,7 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
         (static_cast<uint32_t>(warp) + kProducerWarps - g % kProducerWarps) % kProducerWarps);
     for (int e = e0; e < w.count; e += kProducerWarps) {
       const uint32_t gi = g + static_cast<uint32_t>(e);
-      ProduceKvTile<Traits>(p, sm, bar_full_v, bar_empty_v, w.row, w.begin, e,
-                            static_cast<int>(gi % Traits::kStages), gi / Traits::kStages, k_base,
+      ProduceKvTile<Traits>(p, sm, bar_full_v, bar_empty_v, w.row, w.begin, e, gi, k_base,
                             v_base, nk, lane);
     }
     g += static_cast<uint32_t>(w.count);
@@ -174,15 +180,15 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
 }
 
 // K/V by TMA (one lane of producer warp 0 for every tile of the CTA's items): per tile, wait
-// for the stage to be free, publish (key block, mask kind) in the stage slot, arm full[stage]
-// with the tile's bytes (one arrival: full counts 1 in this mode) and issue one box per 64-column
-// panel of K and of V. The copies complete on the barrier themselves: the producer neither waits
-// for them nor fences, so every free stage has a tile in flight (cp.async producers wait for
-// their own copies before they publish, one tile per warp). Rows past the key end are
-// zero-filled by the TMA unit (the map's row extent is the key count).
-// K and V of a stage have their own barriers (K: full/empty, V: full_v/empty_v), since the
-// consumer is done with K(e) after S(e) but reads V(e) a tile later; K of a stage can then
-// reload while its V is still being read.
+// for its K slot to be free, publish (key block, mask kind) in the slot's metadata, arm
+// full[K slot] with the tile's bytes (one arrival: full counts 1 in this mode) and issue one box
+// per 64-column panel of K; then the same for V with its V slot and full_v. The copies complete
+// on the barriers themselves: the producer neither waits for them nor fences, so every free
+// slot has a tile in flight (cp.async producers wait for their own copies before they publish,
+// one tile per warp). Rows past the key end are zero-filled by the TMA unit (the map's row
+// extent is the key count). K and V have their own barriers (K: full/empty, V: full_v/empty_v),
+// since the consumer is done with K(e) after S(e) but reads V(e) a tile later; a K slot can then
+// reload while the V of its tile is still being read.
 template <typename Traits>
 __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
                                                        const WarpSpecializedSmem& sm,
@@ -238,24 +244,22 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
       const int seg = w.z % p.num_segs;
       if (lane == 0) {
         for (int e = 0; e < w.count; ++e) {
-          const uint32_t gi = g + static_cast<uint32_t>(e);
-          const int stage = static_cast<int>(gi % Traits::kStages);
-          const uint32_t use = gi / Traits::kStages;
+          const RingSlots<Traits> r(g + static_cast<uint32_t>(e));
           int mask;
           const int blk = walk.Tile(e, mask);
-          if (use > 0) MbarWait(sm.bar_empty + 8 * stage, (use + 1) & 1u);
-          sm.meta[2 * stage] = blk;
-          sm.meta[2 * stage + 1] = mask;
-          const uint32_t bar = sm.bar_full + 8 * stage;
-          const uint32_t k_tile = sm.kv + stage * 2u * Traits::kTileBytes;
+          if (r.k_use > 0) MbarWait(sm.bar_empty + 8 * r.k_slot, (r.k_use + 1) & 1u);
+          sm.meta[2 * r.k_slot] = blk;
+          sm.meta[2 * r.k_slot + 1] = mask;
+          const uint32_t bar = sm.bar_full + 8 * r.k_slot;
           const int k0 = blk * kBlock;
           // The whole tile lands in this CTA (with a cluster, half of it from the other CTA).
           MbarArriveExpectTx(bar, Traits::kTileBytes);
-          load(k_tile, tma_k, bar, k0, kv_head, seg, batch);
-          if (use > 0) MbarWait(bar_empty_v + 8 * stage, (use + 1) & 1u);
-          const uint32_t bar_v = bar_full_v + 8 * stage;
+          load(sm.kv + r.k_slot * Traits::kKStride, tma_k, bar, k0, kv_head, seg, batch);
+          if (r.v_use > 0) MbarWait(bar_empty_v + 8 * r.v_slot, (r.v_use + 1) & 1u);
+          const uint32_t bar_v = bar_full_v + 8 * r.v_slot;
           MbarArriveExpectTx(bar_v, Traits::kTileBytes);
-          load(k_tile + Traits::kTileBytes, tma_v, bar_v, k0, kv_head, seg, batch);
+          load(sm.kv + Traits::kVOffset + r.v_slot * Traits::kVStride, tma_v, bar_v, k0, kv_head,
+               seg, batch);
         }
       }
       g += static_cast<uint32_t>(w.count);
@@ -266,8 +270,9 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
     // those releases (the last use of every stage, K and V), so that this CTA does not exit
     // while their arrives may still be on the way to its barriers.
     if (lane == 0) {
-      for (uint32_t s = 0; s < Traits::kStages && s < g; ++s) {
-        const uint32_t last_use = (g - 1 - s) / Traits::kStages;
+      static_assert(Traits::kKStages == Traits::kVStages, "clusters run the uniform ring");
+      for (uint32_t s = 0; s < Traits::kKStages && s < g; ++s) {
+        const uint32_t last_use = (g - 1 - s) / Traits::kKStages;
         MbarWait(sm.bar_empty + 8 * s, last_use & 1u);
         MbarWait(bar_empty_v + 8 * s, last_use & 1u);
       }
@@ -304,38 +309,47 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
        item = CtaItem<kClusterM>(static_cast<int>(++local))) {
     const WorkItem w = DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys, kClusterM>(
         p, item, hz, head_group);
-    auto publish = [&](int h) {  // warpgroup h's metadata slot
-      item_meta[4 * h + 0] = w.row;
-      item_meta[4 * h + 1] = w.count;
-      item_meta[4 * h + 2] = w.y;
-      item_meta[4 * h + 3] = w.z;
+    // The item's Q buffer; it held item local - kQBufs, whose release (q_empty of that use,
+    // parity `freed`) the loads below wait for.
+    constexpr uint32_t kQBufs = Traits::kQBufs;
+    const int buf = static_cast<int>(local % kQBufs);
+    const bool reuse = local >= kQBufs;
+    const uint32_t freed = ((local - kQBufs) / kQBufs) & 1u;
+    const uint32_t q_tile = sm.q + buf * Traits::kQTileBytes;
+    auto publish = [&](int h) {  // warpgroup h's metadata slot of this buffer
+      int* const m = item_meta + 4 * (buf * kWgs + h);
+      m[0] = w.row;
+      m[1] = w.count;
+      m[2] = w.y;
+      m[3] = w.z;
     };
     if constexpr (kTma) {
       if (lane == 0) {  // the metadata is released to warpgroup h by this lane's arrive
         const int head = p.head_start + w.y * p.head_step;
 #pragma unroll
         for (int h = 0; h < kWgs; ++h) {
-          // Warpgroup h's rows of the previous item: its every warp issued and completed its
-          // last S GEMM.
-          if (local > 0) MbarWait(QEmptyBar<Traits>(sm, h), (local - 1) & 1u);
+          // Warpgroup h's rows of the buffer's previous item: its every warp issued and
+          // completed its last S GEMM.
+          if (reuse) MbarWait(QEmptyBar<Traits>(sm, buf, h), freed);
           publish(h);
-          MbarArriveExpectTx(QFullBar<Traits>(sm, h), Traits::kQTileBytes / kWgs);
+          const uint32_t full = QFullBar<Traits>(sm, buf, h);
+          MbarArriveExpectTx(full, Traits::kQTileBytes / kWgs);
 #pragma unroll
           for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
-            TmaLoad5d(sm.q + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q,
-                      QFullBar<Traits>(sm, h), policy, panel * 64, w.row * kBlockM + h * 64, head,
-                      w.z % p.num_segs, w.z / p.num_segs);
+            TmaLoad5d(q_tile + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q, full, policy,
+                      panel * 64, w.row * kBlockM + h * 64, head, w.z % p.num_segs,
+                      w.z / p.num_segs);
           }
         }
       }
       __syncwarp();
     } else {
-      if (local > 0) {
+      if (reuse) {
 #pragma unroll
-        for (int h = 0; h < kWgs; ++h) MbarWait(QEmptyBar<Traits>(sm, h), (local - 1) & 1u);
+        for (int h = 0; h < kWgs; ++h) MbarWait(QEmptyBar<Traits>(sm, buf, h), freed);
       }
       const Elem* q_base = QBase<Elem>(p, w.y, w.z);
-      WarpLoadTile<kBlockM, Traits::kChunks>(sm.q, q_base, p.q_row_stride,
+      WarpLoadTile<kBlockM, Traits::kChunks>(q_tile, q_base, p.q_row_stride,
                                              static_cast<int64_t>(w.row) * kBlockM, n, lane);
       CpAsyncCommit();
       if (lane == 0) {  // released to the consumers by this lane's q_full arrives
@@ -345,10 +359,13 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
       CpAsyncWait<0>();
       FenceProxyAsyncShared();
 #pragma unroll
-      for (int h = 0; h < kWgs; ++h) MbarArrive(QFullBar<Traits>(sm, h));
+      for (int h = 0; h < kWgs; ++h) MbarArrive(QFullBar<Traits>(sm, buf, h));
     }
+    // With one Q buffer, the next item's rows are prefetched into L2 now, a whole item ahead of
+    // their load. With two, their load follows within about an item anyway, and the prefetch
+    // only cost (99% skipped 0.4-1.0% slower with it, h200-2026-11-28-kernel12/c).
     const int next = CtaItem<kClusterM>(static_cast<int>(local) + 1);
-    if (next < num_items) {
+    if (Traits::kQBufs == 1 && next < num_items) {
       int row, y, z;  // the next item's (its tile range is not needed for the prefetch)
       DecodeItem<Traits::kItemRows, kClusterM>(p, next, hz, head_group, row, y, z);
       if constexpr (kTma) {
@@ -408,27 +425,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int64_t nk = p.seqlen_k >= 0 ? p.seqlen_k : p.seqlen;
-  // The V halves' barriers (full_v[kStages], then empty_v[kStages]).
+  // The V slots' barriers (full_v[kVStages], then empty_v[kVStages]).
   const uint32_t bar_full_v = sm.bar_full + (Traits::kVBarOffset - Traits::kBarOffset);
-  const uint32_t bar_empty_v = bar_full_v + 8 * Traits::kStages;
+  const uint32_t bar_empty_v = bar_full_v + 8 * Traits::kVStages;
 
   if (tid == 0) {
+    // full, full_v: TMA: the one arrive.expect_tx of the issuing lane; cp.async: every lane of
+    // the producer warp that loads the tile. empty, empty_v: a lane per consumer warp (of every
+    // CTA of the cluster).
 #pragma unroll
-    for (int s = 0; s < Traits::kStages; ++s) {
-      // TMA: the one arrive.expect_tx of the issuing lane; cp.async: every lane of the producer
-      // warp that loads the tile.
-      MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
-      MbarInit(bar_full_v + 8 * s, kTma ? 1 : 32);
-      // A lane per consumer warp (of every CTA of the cluster).
-      MbarInit(bar_empty_v + 8 * s, Traits::kStageReleases);
-      MbarInit(sm.bar_empty + 8 * s, Traits::kStageReleases);
+    for (int s = 0; s < Traits::kKStages || s < Traits::kVStages; ++s) {
+      if (s < Traits::kKStages) MbarInit(sm.bar_full + 8 * s, kTma ? 1 : 32);
+      if (s < Traits::kVStages) {
+        MbarInit(bar_full_v + 8 * s, kTma ? 1 : 32);
+        MbarInit(bar_empty_v + 8 * s, Traits::kStageReleases);
+      }
+      if (s < Traits::kKStages) MbarInit(sm.bar_empty + 8 * s, Traits::kStageReleases);
     }
 #pragma unroll
-    for (int h = 0; h < Traits::kConsumerWarpgroups; ++h) {
-      // q_full[h]: the TMA lane's arrive, or every lane of the Q warp (producer warp
-      // kProducerWarps); q_empty[h]: a lane per warp of consumer warpgroup h.
-      MbarInit(QFullBar<Traits>(sm, h), kTma ? 1 : 32);
-      MbarInit(QEmptyBar<Traits>(sm, h), 4);
+    for (int b = 0; b < Traits::kQBufs; ++b) {
+#pragma unroll
+      for (int h = 0; h < Traits::kConsumerWarpgroups; ++h) {
+        // q_full[b][h]: the TMA lane's arrive, or every lane of the Q warp (producer warp
+        // kProducerWarps); q_empty[b][h]: a lane per warp of consumer warpgroup h.
+        MbarInit(QFullBar<Traits>(sm, b, h), kTma ? 1 : 32);
+        MbarInit(QEmptyBar<Traits>(sm, b, h), 4);
+      }
     }
     if constexpr (kTma) FenceMbarrierInit();
   }

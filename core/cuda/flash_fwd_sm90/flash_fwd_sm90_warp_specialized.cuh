@@ -14,7 +14,7 @@
 //   softmax (flash_fwd_sm90_consumer.cuh: ConsumeItemOverlapped).
 // - cp.async producer warps (ProduceKvTile, WarpLoadTile), where TMA cannot address the tensors:
 //   16-byte copies into the same swizzled layout with the same zero-fill past the key end as
-//   TMA's, of each kept K/V block into the kStages ring, tile e by warp e % 2. A
+//   TMA's, of each kept K/V block into the ring, tile e by warp e % 2. A
 //   warp issues K and V of its tile as two copy groups, and as each lands
 //   (cp.async.wait_group), runs fence.proxy.async.shared::cta in every writing lane (the writes
 //   are generic-proxy, wgmma reads through the async proxy; the fence is in the writing thread,
@@ -114,6 +114,24 @@ struct Sm90WarpSpecializedTraits {
   // block 64 (two CTAs per SM: four tiles in flight per SM; three stages would need 152 bytes
   // more than two CTAs may have).
   static constexpr int kStages = kBlock == 128 ? 3 : 2;
+  // The ring as K slots, V slots and Q buffers. Uniform (all but the D = 128 CSR variants):
+  // kStages stages of K then V, one Q tile. The split ring (D = 128, 128-key tiles, two consumer warpgroups:
+  // every CSR layout at D = 128) trades a K slot for a second Q buffer in the same 224 KB: two
+  // K slots, three V slots, two Q tiles, so that an item's Q rows load while the previous item
+  // still runs instead of in the gap between them. K(e + 2) then loads once S(e) completed
+  // (~1.9 tiles ahead of its use), V keeps three slots: with V limited to two tiles in flight
+  // 99% skipped had run 3.7-4.9% slower, with K limited to two 0.3-0.4% (H200,
+  // bench/results/h200x2-2026-11-28-kernel11/stages/k3v2 and h200-2026-11-28-kernel12/k2).
+  static constexpr bool kSplitRing = kHeadDim == 128 && kBlock == 128 && kConsumerWarpgroups == 2;
+  static constexpr int kKStages = kSplitRing ? 2 : kStages;
+  static constexpr int kVStages = kStages;
+  static constexpr int kQBufs = kSplitRing ? 2 : 1;
+  // Tile addresses from the ring base (after the Q buffers): K slot s at s * kKStride, V slot s
+  // at kVOffset + s * kVStride (uniform: K and V of a stage side by side).
+  static constexpr int kKStride = kSplitRing ? kTileBytes : 2 * kTileBytes;
+  static constexpr int kVStride = kKStride;
+  static constexpr int kVOffset = kSplitRing ? kKStages * kTileBytes : kTileBytes;
+  static constexpr int kRingBytes = (kKStages + kVStages) * kTileBytes;
 };
 
 #if ATTNSERVE_FLASH_SM90_DEVICE
@@ -143,14 +161,14 @@ __device__ __forceinline__ void WarpLoadTile(uint32_t smem, const Elem* gbase, i
 // finds its Q barriers (QFullBar / QEmptyBar), its item metadata and the split V barriers from
 // these.
 struct WarpSpecializedSmem {
-  uint32_t q;          // (kBlockM, kHeadDim) Q tile
-  uint32_t kv;         // stage s: (kBlock, kHeadDim) K at kv + 2 s tiles, V right after it
-  uint32_t bar_full;   // + 8 s: stage s landed (count 32: the lanes of the warp that loaded it;
+  uint32_t q;          // Q buffer b: (kBlockM, kHeadDim) tile at q + b kQTileBytes
+  uint32_t kv;         // the ring: (kBlock, kHeadDim) K slot s at kv + s kKStride, V slot s at
+                       // kv + kVOffset + s kVStride (Traits)
+  uint32_t bar_full;   // + 8 s: K slot s landed (count 32: the lanes of the warp that loaded it;
                        // 1 with TMA: the issuing lane's arrive.expect_tx)
-  uint32_t bar_empty;  // + 8 s: stage s released (one lane per consumer warp)
-  uint32_t bar_q;      // + 8 h: consumer warpgroup h's Q rows landed (count 32: the Q warp;
-                       // 1 with TMA)
-  int* meta;           // [2 s], [2 s + 1]: key block and mask kind of the tile in stage s
+  uint32_t bar_empty;  // + 8 s: K slot s released (one lane per consumer warp)
+  uint32_t bar_q;      // Q barriers (QFullBar, QEmptyBar)
+  int* meta;           // [2 s], [2 s + 1]: key block and mask kind of the tile in K slot s
 };
 template <typename Traits>
 __device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned char* smem_raw) {
@@ -164,62 +182,75 @@ __device__ __forceinline__ WarpSpecializedSmem MakeWarpSpecializedSmem(unsigned 
       __builtin_assume_aligned(smem_raw + (smem_base - smem_raw_addr), 1024));
   WarpSpecializedSmem sm;
   sm.q = smem_base;
-  sm.kv = smem_base + Traits::kQTileBytes;
+  sm.kv = smem_base + Traits::kQBufs * Traits::kQTileBytes;
   sm.bar_full = smem_base + Traits::kBarOffset;
-  sm.bar_empty = sm.bar_full + 8 * Traits::kStages;
-  sm.bar_q = sm.bar_full + 16 * Traits::kStages;
+  sm.bar_empty = sm.bar_full + 8 * Traits::kKStages;
+  sm.bar_q = sm.bar_full + 16 * Traits::kKStages;
   sm.meta = reinterpret_cast<int*>(smem_ptr + Traits::kMetaOffset);
   return sm;
 }
 
-// Consumer warpgroup h's Q barriers: q_full[h] (its rows landed) and q_empty[h] (released), after
-// the K/V stages' full and empty barriers.
+// Consumer warpgroup h's Q barriers of Q buffer b: q_full[b][h] (its rows landed) and
+// q_empty[b][h] (released), after the K slots' full and empty barriers.
 template <typename Traits>
-__device__ __forceinline__ uint32_t QFullBar(const WarpSpecializedSmem& sm, int h) {
-  return sm.bar_q + 8 * h;
+__device__ __forceinline__ uint32_t QFullBar(const WarpSpecializedSmem& sm, int b, int h) {
+  return sm.bar_q + 8 * (b * Traits::kConsumerWarpgroups + h);
 }
 template <typename Traits>
-__device__ __forceinline__ uint32_t QEmptyBar(const WarpSpecializedSmem& sm, int h) {
-  return sm.bar_q + 8 * (Traits::kConsumerWarpgroups + h);
+__device__ __forceinline__ uint32_t QEmptyBar(const WarpSpecializedSmem& sm, int b, int h) {
+  return sm.bar_q + 8 * ((Traits::kQBufs + b) * Traits::kConsumerWarpgroups + h);
 }
 
-// cp.async producer K/V warp: tile e of row `row` (ring slot `stage`, use `use` of that slot
-// counted from 0: the CTA's global tile index / kStages) into the ring. Its CSR entry is read
-// before the stage wait, so its latency overlaps it; the consumers released the slot's previous
-// K (use - 1) before K is overwritten, and its previous V before V is. The warp waits for its
-// own copies, K's group first, makes them visible to the async proxy (wgmma) in every writing
-// lane, and releases K and lane 0's metadata with its full[stage] arrive, V with full_v[stage].
+// Where tile G of the CTA's tile sequence (tiles of its earlier items + e) goes: K slot
+// G % kKStages, use G / kKStages of it (counted from 0), V slot G % kVStages, use G / kVStages.
+template <typename Traits>
+struct RingSlots {
+  int k_slot, v_slot;
+  uint32_t k_use, v_use;
+  __device__ __forceinline__ explicit RingSlots(uint32_t g)
+      : k_slot(static_cast<int>(g % Traits::kKStages)),
+        v_slot(static_cast<int>(g % Traits::kVStages)),
+        k_use(g / Traits::kKStages),
+        v_use(g / Traits::kVStages) {}
+};
+
+// cp.async producer K/V warp: tile e of row `row` (tile `gi` of the CTA's sequence: RingSlots)
+// into the ring. Its CSR entry is read before the slot wait, so its latency overlaps it; the
+// consumers released the K slot's previous use before K is overwritten, and the V slot's before
+// V is. The warp waits for its own copies, K's group first, makes them visible to the async
+// proxy (wgmma) in every writing lane, and releases K and lane 0's metadata with its
+// full[K slot] arrive, V with full_v[V slot].
 template <typename Traits>
 __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
                                               const WarpSpecializedSmem& sm, uint32_t bar_full_v,
                                               uint32_t bar_empty_v, int row, int64_t begin, int e,
-                                              int stage, uint32_t use,
-                                              const typename Traits::Elem* k_base,
+                                              uint32_t gi, const typename Traits::Elem* k_base,
                                               const typename Traits::Elem* v_base, int64_t nk,
                                               int lane) {
   constexpr int kBlock = Traits::kBlock;
   int mask;
   const int blk = TileKeyBlock<Traits::kItemRows, Traits::kTileKeys>(p, row, begin, e, mask);
-  const uint32_t released = (use + 1) & 1u;  // parity of the slot's previous use
-  if (use > 0) MbarWait(sm.bar_empty + 8 * stage, released);
+  const RingSlots<Traits> r(gi);
+  // Parity of a slot's previous use: (use - 1) & 1.
+  if (r.k_use > 0) MbarWait(sm.bar_empty + 8 * r.k_slot, (r.k_use + 1) & 1u);
   if (lane == 0) {
-    sm.meta[2 * stage] = blk;
-    sm.meta[2 * stage + 1] = mask;
+    sm.meta[2 * r.k_slot] = blk;
+    sm.meta[2 * r.k_slot + 1] = mask;
   }
   const int64_t k0 = static_cast<int64_t>(blk) * kBlock;
-  const uint32_t base = sm.kv + stage * 2u * Traits::kTileBytes;
-  WarpLoadTile<kBlock, Traits::kChunks>(base, k_base, p.k_row_stride, k0, nk, lane);
+  const uint32_t k_tile = sm.kv + r.k_slot * Traits::kKStride;
+  const uint32_t v_tile = sm.kv + Traits::kVOffset + r.v_slot * Traits::kVStride;
+  WarpLoadTile<kBlock, Traits::kChunks>(k_tile, k_base, p.k_row_stride, k0, nk, lane);
   CpAsyncCommit();
-  if (use > 0) MbarWait(bar_empty_v + 8 * stage, released);
-  WarpLoadTile<kBlock, Traits::kChunks>(base + Traits::kTileBytes, v_base, p.v_row_stride, k0, nk,
-                                        lane);
+  if (r.v_use > 0) MbarWait(bar_empty_v + 8 * r.v_slot, (r.v_use + 1) & 1u);
+  WarpLoadTile<kBlock, Traits::kChunks>(v_tile, v_base, p.v_row_stride, k0, nk, lane);
   CpAsyncCommit();
   CpAsyncWait<1>();  // K landed
   FenceProxyAsyncShared();
-  MbarArrive(sm.bar_full + 8 * stage);
+  MbarArrive(sm.bar_full + 8 * r.k_slot);
   CpAsyncWait<0>();  // V landed
   FenceProxyAsyncShared();
-  MbarArrive(bar_full_v + 8 * stage);
+  MbarArrive(bar_full_v + 8 * r.v_slot);
 }
 
 // Ping-pong between the kWgs consumer warpgroups of the warp-specialized kernel: the S GEMM
