@@ -74,6 +74,20 @@ std::vector<Case> AllCases() {
       cases.push_back(c);
     }
   }
+  // The random layout's L2 footprint: sparse_random_s99's rows (the diagonal and 4 random blocks
+  // each, so the same 8192 items of 5 tiles) over N = 32768 and 32 heads, so that a head's K/V
+  // is 16 MB instead of 32. Against sparse_random_s99 it says what the L2 capacity costs the
+  // random layout (whose rows share no tiles, unlike local_window's).
+  {
+    const int64_t n = 32768, nb = n / 128;
+    Case c;
+    c.group = "sparse_l2";
+    c.shape = Shape(1, n, 32, 32, 128);
+    c.dump_csr = true;
+    c.name = "sparse_random_s98_n32768_h32";
+    c.spec.pattern = BlockSparseSpec{128, RandomGen{4.0 / static_cast<double>(nb), 2024}};
+    cases.push_back(c);
+  }
   // Block sparse at layout block 64 (N = 65536, 1024 blocks): the kernels' other block size.
   {
     const int64_t n = 65536, nb = n / 64;

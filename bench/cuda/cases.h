@@ -1,6 +1,6 @@
 // attnbench_cuda's cases: dense / block-sparse / dilated shapes on one GPU, in run order from
 // light to heavy, grouped so that --cases can name a group ("dense", "dense_d64", "sparse",
-// "dilated", "compile", "huge") or single cases.
+// "sparse_l2", "sparse_b64", "dilated", "compile", "huge") or single cases.
 #ifndef ATTNSERVE_BENCH_CUDA_CASES_H_
 #define ATTNSERVE_BENCH_CUDA_CASES_H_
 
@@ -17,8 +17,8 @@ namespace attnserve::bench {
 // flags, see cuda_bench_main.cc).
 struct CudaBenchOptions {
   int device = 0;
-  // Comma-separated case names or group names ("dense", "dense_d64", "sparse", "dilated",
-  // "compile", "huge");
+  // Comma-separated case names or group names ("dense", "dense_d64", "sparse", "sparse_l2",
+  // "sparse_b64", "dilated", "compile", "huge");
   // "all" runs everything, in order from light to heavy.
   std::string cases = "all";
   int warmup = 3;       // untimed runs per case
