@@ -26,8 +26,8 @@ namespace flash_sm90 {
 template <typename Traits>
 struct ConsumerCarry {
   uint32_t pa[Traits::kBlock / 16][4];  // P of the pending tile, m64k16 A fragments
-  bool pending = false;   // a P V GEMM is owed for stage `stage` (warpgroup-uniform)
-  int stage = 0;          // its V slot and that slot's full-barrier parity
+  bool pending = false;   // a P V GEMM is owed for V slot `stage` (warpgroup-uniform)
+  int stage = 0;          // that V slot and its full-barrier parity
   uint32_t parity = 0;
   bool owed = false;      // the previous item's epilogue is owed (warpgroup-uniform)
   int row = 0, y = 0, z = 0;  // the previous item: its query-block row, head and z
@@ -285,8 +285,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
     ConsumeItemOverlapped<Traits>(
         p, sm, bar_full_v, bar_empty_v, ring, vring, count, pp, descs.WithQBuf(buf), cr, rows, nk,
-        acc_o,
-        softmax, c, lane,
+        acc_o, softmax, c, lane,
         [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
         [&] {
           if (c.owed) {

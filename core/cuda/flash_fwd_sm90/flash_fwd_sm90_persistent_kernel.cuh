@@ -210,7 +210,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   // One box per 64-column panel of the CTA's share, into this CTA (or every CTA of the cluster).
   // The CSR variants load K/V with L2 evict_last, so that the streamed Q rows (evict_first) and
   // O (streaming stores) do not push out of L2 the tiles that the head group's other items read
-  // again: at 99% skipped, random, 7.5% fewer DRAM bytes read (h200-2026-11-28-kernel12). Not
+  // again: at 99% skipped, random, 10% fewer DRAM bytes read (h200-2026-11-28-kernel12/h3). Not
   // in the implicit-only variants, whose head groups are sized to keep K/V in L2 and whose
   // producers, at 32-40 registers, spilled around every load for the 64-bit policy operand.
   auto load = [&](uint32_t tile, const CUtensorMap* map, uint32_t bar, int k0, int kv_head,

@@ -228,8 +228,9 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes)
 // (K/V: every item of a head group reads its head's tiles), evict_first for what is read once
 // (Q), so that the streamed bytes do not push the reused ones out of L2. The values are what
 // `createpolicy.fractional.L2::evict_last.b64 p, 1.0` (evict_first) yields on sm_90, as
-// constants, so that the compiler materializes them at the load instead of keeping a 64-bit
-// register live through the producer loop (the producer warps run at 32-64 registers).
+// constants, so that the compiler can materialize them at the load instead of keeping a
+// createpolicy result live through the producer loop (the producer warps run at 32-64
+// registers).
 constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
 constexpr uint64_t kL2EvictLast = 0x14F0000000000000ull;
 // One box of a 5-D tensor map (coordinates innermost first) into shared memory at `dst`,
@@ -246,8 +247,8 @@ __device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, 
 }
 // TmaLoad5d with an L2 cache policy (kL2EvictLast / kL2EvictFirst).
 __device__ __forceinline__ void TmaLoad5d(uint32_t dst, const void* tensor_map, uint32_t bar,
-                                              uint64_t policy, int c0, int c1, int c2, int c3,
-                                              int c4) {
+                                          uint64_t policy, int c0, int c1, int c2, int c3,
+                                          int c4) {
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
       ".L2::cache_hint [%0], [%1, {%4, %5, %6, %7, %8}], [%2], %3;\n" ::"r"(dst),
