@@ -50,16 +50,16 @@
 //   metadata, loads h's rows of item j (one TMA box per panel) and arms q_full[b][h], for
 //   h = 0, 1, ...; with one buffer it then prefetches item j + 1's Q rows into L2
 //   (cp.async.bulk.prefetch.L2), so that a warpgroup's next Q loads from L2 while it runs its
-//   last softmax; with two, item j + 1's rows load during the whole of item j (at 99% skipped
-//   the item start's Q wait, 3.2% of the samples, is gone: 1-2% fewer cycles, and without the
-//   prefetch 1.4-2.2% faster at the power cap, h200-2026-11-28-kernel12). Either way a warpgroup starts the next item without waiting for
-//   the other warpgroup to finish the current one. (Measured on an H200, h200x2-2026-11-28-kernel5/
-//   ab-qwg, medians of seven interleaved reps against one Q barrier pair for the whole tile:
-//   random 90% skipped 0.962x, local_window 90% 0.986x, 99% and dense level. The 90% cases run
-//   at the power cap and land in two groups ~10% apart, so the gain is inside their spread; it
-//   stays as the simpler protocol for the warpgroups, not as a proven speed-up. Before Q had its
-//   own warp, with Q loaded by K/V warp 0, the consumers spent ~18% of their stall samples
-//   waiting for Q at 99% skipped.)
+//   last softmax; with two, item j + 1's rows load during the whole of item j (at 99% skipped the
+//   item start's Q wait, 3.2% of the samples, is gone: 1-2% fewer cycles, 0.8-1.6% faster at the
+//   power cap, h200-2026-11-28-kernel12/c). Either way a warpgroup starts the next item without
+//   waiting for the other warpgroup to finish the current one. (Measured on an H200,
+//   h200x2-2026-11-28-kernel5/ab-qwg, medians of seven interleaved reps against one Q barrier pair
+//   for the whole tile: random 90% skipped 0.962x, local_window 90% 0.986x, 99% and dense level.
+//   The 90% cases run at the power cap and land in two groups ~10% apart, so the gain is inside
+//   their spread; it stays as the simpler protocol for the warpgroups, not as a proven speed-up.
+//   Before Q had its own warp, with Q loaded by K/V warp 0, the consumers spent ~18% of their stall
+//   samples waiting for Q at 99% skipped.)
 //   The cp.async fallback loads the whole tile once every warpgroup released it and arrives on
 //   every q_full[b][h].
 //   Consumers wait on q_full[b][h] (parity = (local item count / kQBufs) & 1) for EVERY item,
@@ -363,7 +363,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     }
     // With one Q buffer, the next item's rows are prefetched into L2 now, a whole item ahead of
     // their load. With two, their load follows within about an item anyway, and the prefetch
-    // only cost (99% skipped 0.4-1.0% slower with it, h200-2026-11-28-kernel12/c).
+    // only cost (99% skipped 0.3-1.0% slower with it, h200-2026-11-28-kernel12/c).
     const int next = CtaItem<kClusterM>(static_cast<int>(local) + 1);
     if (Traits::kQBufs == 1 && next < num_items) {
       int row, y, z;  // the next item's (its tile range is not needed for the prefetch)

@@ -114,13 +114,13 @@ struct Sm90WarpSpecializedTraits {
   // block 64 (two CTAs per SM: four tiles in flight per SM; three stages would need 152 bytes
   // more than two CTAs may have).
   static constexpr int kStages = kBlock == 128 ? 3 : 2;
-  // The ring as K slots, V slots and Q buffers. Uniform (all but the D = 128 CSR variants):
-  // kStages stages of K then V, one Q tile. The split ring (D = 128, 128-key tiles, two consumer warpgroups:
-  // every CSR layout at D = 128) trades a K slot for a second Q buffer in the same 224 KB: two
-  // K slots, three V slots, two Q tiles, so that an item's Q rows load while the previous item
-  // still runs instead of in the gap between them. K(e + 2) then loads once S(e) completed
-  // (~1.9 tiles ahead of its use), V keeps three slots: with V limited to two tiles in flight
-  // 99% skipped had run 3.7-4.9% slower, with K limited to two 0.3-0.4% (H200,
+  // The ring as K slots, V slots and Q buffers. Uniform (all but the D = 128 CSR variants): kStages
+  // stages of K then V, one Q tile. The split ring (D = 128, 128-key tiles, two consumer
+  // warpgroups: every CSR layout at D = 128) trades a K slot for a second Q buffer in the same
+  // 224 KB: two K slots, three V slots, two Q tiles, so that an item's Q rows load while the
+  // previous item still runs instead of in the gap between them. K(e + 2) then loads once S(e) completed
+  // (~1.9 tiles ahead of its use), V keeps three slots: with V limited to two tiles in flight 99%
+  // skipped had run 3.7-4.9% slower, with K limited to two 0.3-0.4% (H200,
   // bench/results/h200x2-2026-11-28-kernel11/stages/k3v2 and h200-2026-11-28-kernel12/k2).
   static constexpr bool kSplitRing = kHeadDim == 128 && kBlock == 128 && kConsumerWarpgroups == 2;
   static constexpr int kKStages = kSplitRing ? 2 : kStages;
