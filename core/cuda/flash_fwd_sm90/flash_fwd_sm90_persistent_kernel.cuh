@@ -247,7 +247,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
           const RingSlots<Traits> r(g + static_cast<uint32_t>(e));
           int mask;
           const int blk = walk.Tile(e, mask);
-          if (r.k_use > 0) MbarWait(sm.bar_empty + 8 * r.k_slot, (r.k_use + 1) & 1u);
+          r.WaitKFree(sm.bar_empty);
           sm.meta[2 * r.k_slot] = blk;
           sm.meta[2 * r.k_slot + 1] = mask;
           const uint32_t bar = sm.bar_full + 8 * r.k_slot;
@@ -255,7 +255,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
           // The whole tile lands in this CTA (with a cluster, half of it from the other CTA).
           MbarArriveExpectTx(bar, Traits::kTileBytes);
           load(sm.kv + r.k_slot * Traits::kKStride, tma_k, bar, k0, kv_head, seg, batch);
-          if (r.v_use > 0) MbarWait(bar_empty_v + 8 * r.v_slot, (r.v_use + 1) & 1u);
+          r.WaitVFree(bar_empty_v);
           const uint32_t bar_v = bar_full_v + 8 * r.v_slot;
           MbarArriveExpectTx(bar_v, Traits::kTileBytes);
           load(sm.kv + Traits::kVOffset + r.v_slot * Traits::kVStride, tma_v, bar_v, k0, kv_head,

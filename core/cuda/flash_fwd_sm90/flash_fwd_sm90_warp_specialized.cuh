@@ -118,9 +118,9 @@ struct Sm90WarpSpecializedTraits {
   // stages of K then V, one Q tile. The split ring (D = 128, 128-key tiles, two consumer
   // warpgroups: every CSR layout at D = 128) trades a K slot for a second Q buffer in the same
   // 224 KB: two K slots, three V slots, two Q tiles, so that an item's Q rows load while the
-  // previous item still runs instead of in the gap between them. K(e + 2) then loads once S(e) completed
-  // (~1.9 tiles ahead of its use), V keeps three slots: with V limited to two tiles in flight 99%
-  // skipped had run 3.7-4.9% slower, with K limited to two 0.3-0.4% (H200,
+  // previous item still runs instead of in the gap between them. K(e + 2) then loads once S(e)
+  // completed (~1.9 tiles ahead of its use), V keeps three slots: with V limited to two tiles in
+  // flight 99% skipped had run 3.7-4.9% slower, with K limited to two 0.3-0.4% (H200,
   // bench/results/h200x2-2026-11-28-kernel11/stages/k3v2 and h200-2026-11-28-kernel12/k2).
   static constexpr bool kSplitRing = kHeadDim == 128 && kBlock == 128 && kConsumerWarpgroups == 2;
   static constexpr int kKStages = kSplitRing ? 2 : kStages;
@@ -212,6 +212,14 @@ struct RingSlots {
         v_slot(static_cast<int>(g % Traits::kVStages)),
         k_use(g / Traits::kKStages),
         v_use(g / Traits::kVStages) {}
+  // Wait until the consumers released the slot's previous use (parity (use - 1) & 1; the first
+  // use of a slot waits for nothing): bar_empty is empty[0] (K) or empty_v[0] (V).
+  __device__ __forceinline__ void WaitKFree(uint32_t bar_empty) const {
+    if (k_use > 0) MbarWait(bar_empty + 8 * k_slot, (k_use + 1) & 1u);
+  }
+  __device__ __forceinline__ void WaitVFree(uint32_t bar_empty_v) const {
+    if (v_use > 0) MbarWait(bar_empty_v + 8 * v_slot, (v_use + 1) & 1u);
+  }
 };
 
 // cp.async producer K/V warp: tile e of row `row` (tile `gi` of the CTA's sequence: RingSlots)
@@ -231,8 +239,7 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
   int mask;
   const int blk = TileKeyBlock<Traits::kItemRows, Traits::kTileKeys>(p, row, begin, e, mask);
   const RingSlots<Traits> r(gi);
-  // Parity of a slot's previous use: (use - 1) & 1.
-  if (r.k_use > 0) MbarWait(sm.bar_empty + 8 * r.k_slot, (r.k_use + 1) & 1u);
+  r.WaitKFree(sm.bar_empty);
   if (lane == 0) {
     sm.meta[2 * r.k_slot] = blk;
     sm.meta[2 * r.k_slot + 1] = mask;
@@ -242,7 +249,7 @@ __device__ __forceinline__ void ProduceKvTile(const FlashFwdParams& p,
   const uint32_t v_tile = sm.kv + Traits::kVOffset + r.v_slot * Traits::kVStride;
   WarpLoadTile<kBlock, Traits::kChunks>(k_tile, k_base, p.k_row_stride, k0, nk, lane);
   CpAsyncCommit();
-  if (r.v_use > 0) MbarWait(bar_empty_v + 8 * r.v_slot, (r.v_use + 1) & 1u);
+  r.WaitVFree(bar_empty_v);
   WarpLoadTile<kBlock, Traits::kChunks>(v_tile, v_base, p.v_row_stride, k0, nk, lane);
   CpAsyncCommit();
   CpAsyncWait<1>();  // K landed
