@@ -117,6 +117,7 @@ Json CudaOptionsJson(const CudaOptions& o) {
       .Set("sm90_query_tile", Sm90QueryTileName(o.flash.sm90_query_tile))
       .Set("sm90_key_tile", Sm90KeyTileName(o.flash.sm90_key_tile))
       .Set("sm90_cluster", Sm90ClusterName(o.flash.sm90_cluster))
+      .Set("sm90_item_deal", Sm90ItemDealName(o.flash.sm90_item_deal))
       .Set("sm90_tma", o.flash.sm90_tma);
 }
 

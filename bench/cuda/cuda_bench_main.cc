@@ -4,7 +4,7 @@
 //                  [--json=PATH] [--md=PATH] [--csr_dir=DIR] [--list]
 //                  [--kernel=auto|sm80|sm90] [--sm90-schedule=persistent|v3]
 //                  [--sm90_tma] [--sm90_query_tile=auto|128|192] [--sm90_key_tile=auto|128|176]
-//                  [--sm90_cluster=auto|1|2]
+//                  [--sm90_cluster=auto|1|2] [--sm90_item_deal=auto|static|dynamic]
 // --kernel and --sm90-schedule pick the flash kernel; the environment (ATTNSERVE_FLASH_KERNEL,
 // ATTNSERVE_SM90_VARIANT, ATTNSERVE_SM90_V3_MAX_CTAS, ATTNSERVE_SM90_V3_ORDER,
 // ATTNSERVE_ATTENTION_ENGINE) overrides them, read once at start; rows report the kernel that ran
@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, sm90_cluster, "auto",
           "persistent Hopper schedule, dense / causal with 176-key tiles: CTAs per cluster "
           "sharing K/V loads, auto (2) | 1 | 2");
 
+ABSL_FLAG(std::string, sm90_item_deal, "auto",
+          "persistent Hopper schedule, CSR layouts: how work items reach the CTAs, auto "
+          "(dynamic) | static | dynamic");
+
 namespace attnserve::bench {
 namespace {
 
@@ -77,7 +81,9 @@ int Main() {
       !parse_into(ParseSm90KeyTile(absl::GetFlag(FLAGS_sm90_key_tile), "--sm90_key_tile"),
                   opt.cuda.flash.sm90_key_tile) ||
       !parse_into(ParseSm90Cluster(absl::GetFlag(FLAGS_sm90_cluster), "--sm90_cluster"),
-                  opt.cuda.flash.sm90_cluster)) {
+                  opt.cuda.flash.sm90_cluster) ||
+      !parse_into(ParseSm90ItemDeal(absl::GetFlag(FLAGS_sm90_item_deal), "--sm90_item_deal"),
+                  opt.cuda.flash.sm90_item_deal)) {
     return 2;
   }
   opt.cuda.flash.sm90_tma = absl::GetFlag(FLAGS_sm90_tma);

@@ -16,6 +16,7 @@ constexpr char kFlashKernelEnv[] = "ATTNSERVE_FLASH_KERNEL";
 constexpr char kSm90VariantEnv[] = "ATTNSERVE_SM90_VARIANT";
 constexpr char kSm90MaxCtasEnv[] = "ATTNSERVE_SM90_V3_MAX_CTAS";
 constexpr char kSm90OrderEnv[] = "ATTNSERVE_SM90_V3_ORDER";
+constexpr char kSm90ItemDealEnv[] = "ATTNSERVE_SM90_V3_ITEM_DEAL";
 
 absl::Status Invalid(std::string_view what, std::string_view expected, std::string_view got) {
   return absl::InvalidArgumentError(absl::StrCat(
@@ -95,6 +96,25 @@ absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name, std::strin
   // so that a script asking for them fails instead of silently measuring another kernel.
   if (name == "persistent" || name == "v3") return Sm90Schedule::kPersistent;
   return Invalid(what, "persistent (or v3; single_tile / v1 and v2 were removed)", name);
+}
+
+std::string_view Sm90ItemDealName(Sm90ItemDeal deal) {
+  switch (deal) {
+    case Sm90ItemDeal::kAuto:
+      return "auto";
+    case Sm90ItemDeal::kStatic:
+      return "static";
+    case Sm90ItemDeal::kDynamic:
+      return "dynamic";
+  }
+  return "auto";
+}
+
+absl::StatusOr<Sm90ItemDeal> ParseSm90ItemDeal(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return Sm90ItemDeal::kAuto;
+  if (name == "static") return Sm90ItemDeal::kStatic;
+  if (name == "dynamic") return Sm90ItemDeal::kDynamic;
+  return Invalid(what, "auto, static or dynamic", name);
 }
 
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name, std::string_view what) {
@@ -182,6 +202,9 @@ absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base) {
   }
   if (std::string_view v = EnvValue(kSm90OrderEnv); !v.empty()) {
     ATTN_ASSIGN_OR_RETURN(options.flash.item_order, ParseSm90ItemOrder(v, kSm90OrderEnv));
+  }
+  if (std::string_view v = EnvValue(kSm90ItemDealEnv); !v.empty()) {
+    ATTN_ASSIGN_OR_RETURN(options.flash.sm90_item_deal, ParseSm90ItemDeal(v, kSm90ItemDealEnv));
   }
   return options;
 }

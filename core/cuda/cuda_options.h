@@ -80,6 +80,16 @@ enum class Sm90KeyTile { kAuto, k128, k176 };
 //          1.8% slower: not used there.)
 enum class Sm90Cluster { kAuto, k1, k2 };
 
+// How the persistent schedule hands its work items to the CTAs on the CSR layouts (the implicit
+// dense and causal ones, whose items are alike, always deal them statically):
+//   kStatic:  CTA b runs one item of every round of grid-size items, dealt back and forth
+//             (CtaItem in flash_fwd_sm90_tile_scheduler.cuh), fixed before the launch;
+//   kDynamic: the first two rounds so, then each CTA draws its next item from a counter in
+//             device memory as it goes (one per stream: flash_fwd_sm90.cc), so a CTA that ran
+//             slower items takes fewer; needs TMA loads, else kStatic runs.
+//   kAuto:    kDynamic.
+enum class Sm90ItemDeal { kAuto, kStatic, kDynamic };
+
 // Requests with a few query rows per KV head against many keys (decode steps: Nq * Hq / Hkv <= 64,
 // dense or window specs, not square):
 //   kSplitKv:  the flash_decode kernels (split over the keys, query heads of a KV head packed);
@@ -104,6 +114,8 @@ struct FlashKernelOptions {
   Sm90KeyTile sm90_key_tile = Sm90KeyTile::kAuto;
   // The persistent schedule's cluster size on the dense layout (Sm90Cluster above).
   Sm90Cluster sm90_cluster = Sm90Cluster::kAuto;
+  // How the persistent schedule deals CSR work items to its CTAs (Sm90ItemDeal above).
+  Sm90ItemDeal sm90_item_deal = Sm90ItemDeal::kAuto;
   // The persistent schedule loads K and V by TMA (one thread issues a tile's boxes; the copies
   // complete on the stage barrier) where the tensors allow it (16-byte aligned pointers and
   // strides), else by cp.async from two producer warps; false: always cp.async.
@@ -134,6 +146,7 @@ std::string_view Sm90ItemOrderName(Sm90ItemOrder order);       // "auto", "posit
 std::string_view Sm90QueryTileName(Sm90QueryTile tile);        // "auto", "128", "192"
 std::string_view Sm90KeyTileName(Sm90KeyTile tile);            // "auto", "128", "176"
 std::string_view Sm90ClusterName(Sm90Cluster cluster);         // "auto", "1", "2"
+std::string_view Sm90ItemDealName(Sm90ItemDeal deal);  // "auto", "static", "dynamic"
 
 // Parsers; INVALID_ARGUMENT naming `what` (the flag or variable) and the accepted values.
 absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name,
@@ -152,11 +165,13 @@ absl::StatusOr<Sm90KeyTile> ParseSm90KeyTile(std::string_view name,
                                              std::string_view what = "sm90 key tile");
 absl::StatusOr<Sm90Cluster> ParseSm90Cluster(std::string_view name,
                                              std::string_view what = "sm90 cluster");
+absl::StatusOr<Sm90ItemDeal> ParseSm90ItemDeal(std::string_view name,
+                                               std::string_view what = "sm90 item deal");
 
 // `base` with the environment's overrides applied, each read once here (unset or empty: keep):
 // ATTNSERVE_ATTENTION_ENGINE, ATTNSERVE_FLASH_KERNEL, ATTNSERVE_SM90_VARIANT (v1|v3 or a
-// schedule name), ATTNSERVE_SM90_V3_MAX_CTAS (an integer >= 0), ATTNSERVE_SM90_V3_ORDER.
-// INVALID_ARGUMENT, naming the variable, for a value none of the parsers accepts.
+// schedule name), ATTNSERVE_SM90_V3_MAX_CTAS (an integer >= 0), ATTNSERVE_SM90_V3_ORDER,
+// ATTNSERVE_SM90_V3_ITEM_DEAL. INVALID_ARGUMENT, naming the variable, for a value none of the parsers accepts.
 absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base = {});
 
 }  // namespace attnserve

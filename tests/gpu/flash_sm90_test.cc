@@ -176,7 +176,9 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   // two CTAs on the dense and causal cases by default (520 keys are five query blocks: the last
   // cluster's second row is past the end); one more run asks for single CTAs, and one runs
   // the clusters on the whole GPU (the grid sized by the resident clusters) instead of the capped
-  // grid.
+  // grid. The CSR cases with TMA loads deal their items dynamically by default (the capped grid
+  // has more than two rounds of them; cp.async loads deal statically); one more run asks for the
+  // static deal with TMA.
   struct Run {
     Sm90Schedule schedule;
     Sm90ItemOrder order;
@@ -186,6 +188,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
     Sm90KeyTile key_tile = Sm90KeyTile::kAuto;
     Sm90Cluster cluster = Sm90Cluster::kAuto;
     int max_ctas = sm90_test::kPersistentTestCtas;
+    Sm90ItemDeal deal = Sm90ItemDeal::kAuto;
   };
   std::vector<Run> runs;
   for (const Sm90Schedule schedule : TestSchedules()) {
@@ -207,25 +210,30 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
                       Sm90KeyTile::k176, Sm90Cluster::k1});
       runs.push_back({schedule, Sm90ItemOrder::kAuto, true, 0, Sm90QueryTile::kAuto,
                       Sm90KeyTile::k176, Sm90Cluster::k2, 0});
+      runs.push_back({schedule, Sm90ItemOrder::kHead, true, 0, Sm90QueryTile::kAuto,
+                      Sm90KeyTile::kAuto, Sm90Cluster::kAuto, sm90_test::kPersistentTestCtas,
+                      Sm90ItemDeal::kStatic});
     } else {
       runs.push_back({schedule, Sm90ItemOrder::kAuto, false, 0});
     }
   }
-  for (const auto& [schedule, order, tma, head_group, query_tile, key_tile, cluster, max_ctas] :
-       runs) {
+  for (const auto& [schedule, order, tma, head_group, query_tile, key_tile, cluster, max_ctas,
+                    deal] : runs) {
     SCOPED_TRACE(absl::StrCat("schedule ", std::string(Sm90ScheduleName(schedule)),
                               ", item order ", std::string(Sm90ItemOrderName(order)),
                               tma ? ", tma" : ", cp.async", ", head group ", head_group,
                               ", query tile ", std::string(Sm90QueryTileName(query_tile)),
                               ", key tile ", std::string(Sm90KeyTileName(key_tile)),
                               ", cluster ", std::string(Sm90ClusterName(cluster)),
-                              ", max ctas ", max_ctas));
+                              ", max ctas ", max_ctas, ", deal ",
+                              std::string(Sm90ItemDealName(deal))));
     FlashKernelOptions options = ForcedSm90(schedule, max_ctas, order);
     options.sm90_cluster = cluster;
     options.sm90_tma = tma;
     options.persistent_head_group = head_group;
     options.sm90_query_tile = query_tile;
     options.sm90_key_tile = key_tile;
+    options.sm90_item_deal = deal;
     absl::StatusOr<PlanRunResult> run = RunPlan(c, in, options);
     ASSERT_TRUE(run.ok()) << run.status();
     EXPECT_EQ(run->kernel, ExpectedSm90Kernel(schedule)) << FlashKernelName(run->kernel);
@@ -403,6 +411,10 @@ TEST(FlashSm90DispatchTest, OptionNamesParseAndBadOnesAreInvalidArgument) {
     EXPECT_EQ(*ParseSm90Cluster(Sm90ClusterName(c)), c);
   }
   EXPECT_EQ(ParseSm90Cluster("4").status().code(), absl::StatusCode::kInvalidArgument);
+  for (const Sm90ItemDeal d : {Sm90ItemDeal::kAuto, Sm90ItemDeal::kStatic, Sm90ItemDeal::kDynamic}) {
+    EXPECT_EQ(*ParseSm90ItemDeal(Sm90ItemDealName(d)), d);
+  }
+  EXPECT_EQ(ParseSm90ItemDeal("random").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The environment overrides, read once by CudaOptionsFromEnv: unset or empty keeps the default,

@@ -10,7 +10,10 @@
 #include <cstdint>
 #include <cstring>
 #include <atomic>
+#include <mutex>
 #include <string_view>
+#include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -61,6 +64,39 @@ int L2BytesOfCurrentDevice() {
   return bytes;
 }
 
+// The dynamic deal's counter pair of `stream` on the current device (RunFlashFwdSm90PersistentImpl:
+// two int32, 0 between launches): allocated and zeroed on the stream at its first launch, kept
+// for the process's life (8 bytes a stream). Launches on one stream run one after another, so a
+// pair is never used by two at once; streams are told apart by their ID (cudaStreamGetId), which
+// is not reused when a stream is destroyed and another created, as its handle may be. Null where
+// any of it fails: the launch then deals its items statically.
+int* DealCounterOf(cudaStream_t stream) {
+  int dev = 0;
+  unsigned long long id = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaStreamGetId(stream, &id) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  static std::mutex mu;
+  static auto* counters = new std::vector<std::tuple<int, unsigned long long, int*>>();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [d, i, c] : *counters) {
+    if (d == dev && i == id) return c;
+  }
+  int* c = nullptr;
+  if (cudaMalloc(&c, 2 * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (cudaMemsetAsync(c, 0, 2 * sizeof(int), stream) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(c);
+    return nullptr;
+  }
+  counters->emplace_back(dev, id, c);
+  return c;
+}
+
 // Whether the D = 128 persistent kernel takes K/V tiles of 176 keys (Sm90KeyTile): the implicit
 // dense and causal layouts only (a CSR tile is one layout block). kAuto: from 16384 keys on.
 // Measured on an H200 (bench/results/h200x2-2026-11-27-kernel4/ab-keytile, three interleaved
@@ -93,6 +129,10 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
         ctas = options.persistent_max_ctas;
       }
       int group = Sm90HeadGroup(p, ctas, L2BytesOfCurrentDevice(), options.item_order);
+      // The dynamic deal (CSR layouts): the stream's counter pair, or null for the static one.
+      int* const deal = p.col_idx != nullptr && options.sm90_item_deal != Sm90ItemDeal::kStatic
+                            ? DealCounterOf(stream)
+                            : nullptr;
       if (options.persistent_head_group > 0) {
         group = std::min(options.persistent_head_group,
                          std::max(1, p.num_heads * p.batch * p.num_segs));
@@ -101,7 +141,7 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       // (the launcher's grid is two per SM of `ctas`).
       if (p.block_size == 64) {
         return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 1, 64>(p, ctas, group,
-                                                                   options.sm90_tma, stream);
+                                                                   options.sm90_tma, stream, deal);
       }
       // D = 64, implicit layouts: items of 192 query rows (three consumer warpgroups) unless
       // asked for 128; the launcher refuses where they do not apply (no TMA).
@@ -130,11 +170,11 @@ cudaError_t Launch(const FlashFwdParams& p, FlashKernel kernel, const FlashKerne
       // refuses other layouts, and loads without TMA).
       if (Sm90FullTiles(p)) {
         const cudaError_t err = RunFlashFwdSm90PersistentImpl<kHeadDim, Elem, 2, 128, 1, true>(
-            p, ctas, group, options.sm90_tma, stream);
+            p, ctas, group, options.sm90_tma, stream, deal);
         if (err != cudaErrorNotSupported) return err;
       }
       return RunFlashFwdSm90PersistentImpl<kHeadDim, Elem>(p, ctas, group, options.sm90_tma,
-                                                           stream);
+                                                           stream, deal);
     }
     case FlashKernel::kSm80:
     case FlashKernel::kSplitKvDecode:

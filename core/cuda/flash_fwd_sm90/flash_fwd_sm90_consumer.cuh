@@ -218,7 +218,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
 // (ConsumerCarry); after the CTA's last item they run on their own. An item without tiles writes
 // its empty output from constants and leaves the carry alone. Softmax statistics are per item
 // (the carried item's go with it), O is zeroed once its item is written.
-template <typename Traits>
+// kDynamic: the dynamic deal (ItemQueue): the Q warp ends the item sequence with a row of -1.
+template <typename Traits, bool kDynamic = false>
 __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
                                                   const WarpSpecializedSmem& sm,
                                                   uint32_t bar_full_v, uint32_t bar_empty_v,
@@ -251,7 +252,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   RingPos<Traits::kKStages> ring;   // the K slot of the CTA's next tile
   RingPos<Traits::kVStages> vring;  // and its V slot (the split ring only)
   uint32_t local = 0;  // items of this CTA so far
-  for (int item = CtaItem<Traits::kClusterM>(0); item < num_items;
+  for (int item = CtaItem<Traits::kClusterM>(0); kDynamic || item < num_items;
        item = CtaItem<Traits::kClusterM>(static_cast<int>(++local))) {
     // Q rows and the metadata of this item (the Q warp), in Q buffer local % kQBufs: landed /
     // released (q_full / q_empty of this warpgroup), and its metadata slot.
@@ -260,6 +261,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const int* const meta = item_meta + 4 * (buf * Traits::kConsumerWarpgroups + wg);
     MbarWait(QFullBar<Traits>(sm, buf, wg), (local / Traits::kQBufs) & 1u);
     const int row = meta[0];
+    if (kDynamic && row < 0) break;
     const int count = meta[1];
     const int y = meta[2];
     const int z = meta[3];

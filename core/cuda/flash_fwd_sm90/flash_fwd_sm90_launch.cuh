@@ -29,10 +29,15 @@ namespace attnserve {
 // (cudaOccupancyMaxActiveClusters), at most num_sms / 2.
 // kFullTiles: the variant without a mask path (Sm90FullTiles: a CSR of kFull entries or the dense
 // non-causal layout, whole key blocks) loaded by TMA, else cudaErrorNotSupported.
+// item_counter: two int32 in device memory, 0 before the first launch on `stream` and left 0 by
+// every launch (flash_fwd_sm90.cc keeps one pair per stream); non-null: a CSR layout loaded by
+// TMA with more than two rounds of items deals them dynamically (ItemQueue in
+// flash_fwd_sm90_tile_scheduler.cuh). Null, or any other case: statically.
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups = 2, int kBlockN = 128,
           int kClusterM = 1, bool kFullTiles = false>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
-                                          int head_group, bool tma, cudaStream_t stream);
+                                          int head_group, bool tma, cudaStream_t stream,
+                                          int* item_counter = nullptr);
 
 // The persistent kernel's Q, K and V tensor maps (flash_fwd_sm90.cc): 5-D (head dim, row, head,
 // segment, batch) over params' pointers and element strides, 128-byte swizzle, boxes of 64
@@ -59,7 +64,8 @@ namespace attnserve {
 template <int kHeadDim, typename Elem, int kConsumerWarpgroups, int kBlockN, int kClusterM,
           bool kFullTiles>
 cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_sms,
-                                          int head_group, bool tma, cudaStream_t stream) {
+                                          int head_group, bool tma, cudaStream_t stream,
+                                          int* item_counter) {
   using Traits = flash_sm90::Sm90PersistentTraits<kHeadDim, Elem, kConsumerWarpgroups, kBlockN,
                                                   kClusterM, kFullTiles>;
   if (params.block_size != Traits::kLayoutBlock) return cudaErrorInvalidValue;  // a caller bug
@@ -91,9 +97,6 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
                  : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false>;
   }
   constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
   const long long item_rows = Traits::kItemRows != 0
                                   ? (params.seqlen + Traits::kBlockM - 1) / Traits::kBlockM
                                   : params.num_q_blocks;
@@ -110,10 +113,25 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   if constexpr (kClusterM == 1) {
     const long long slots = static_cast<long long>(num_sms) * Traits::kCtasPerSm;
     const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
+    // The dynamic deal where it has something to balance: items past the two dealt rounds.
+    if constexpr (Traits::kDynamicDeal) {
+      if (item_counter != nullptr && tma && params.col_idx != nullptr && items > 2LL * grid) {
+        kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>;
+      } else {
+        item_counter = nullptr;
+      }
+    }
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items),
-                                                       head_group, tma_q, tma_k, tma_v);
+                                                       head_group, tma_q, tma_k, tma_v,
+                                                       item_counter);
     return cudaGetLastError();
   } else {
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kClusterM;
@@ -143,7 +161,7 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
     if (clusters < 1) return cudaErrorNotSupported;
     config.gridDim = dim3(static_cast<unsigned>(clusters * kClusterM));
     return cudaLaunchKernelEx(&config, kernel, params, static_cast<int>(items), head_group, tma_q,
-                              tma_k, tma_v);
+                              tma_k, tma_v, static_cast<int*>(nullptr));
   }
 }
 

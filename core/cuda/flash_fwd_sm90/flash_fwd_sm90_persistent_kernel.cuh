@@ -21,7 +21,11 @@
 // What the persistent grid adds:
 // - Grid = min(#SMs x CTAs per SM, #work items), one CTA per SM (two at block 64). A work item
 //   is (query-block row, head, batch * seg); CTA b runs one item of each round of gridDim.x
-//   items, dealt back and forth (CtaItem).
+//   items, dealt back and forth (CtaItem). On the CSR layouts with TMA loads (kDynamic; the
+//   launcher's choice, Sm90ItemDeal) only rounds 0 and 1 are dealt so: later items are drawn
+//   from a counter as the CTAs go (ItemQueue, DealItems in the tile scheduler), so that SMs that
+//   ran slower items take fewer (SMs busy 97.9% of a block-sparse launch instead of 96.2-96.6%,
+//   99% skipped 0.7-1.5% faster; h200-2026-11-28-kernel13).
 //   Item order (kernel argument `head_group`, chosen by the launcher; DecodeItem): the (head,
 //   batch * seg) pairs are cut into groups of head_group; a group's items come before the next
 //   group's, position slowest inside a group, so the heavy-first walk (the implicit causal layout
@@ -141,7 +145,13 @@ struct Sm90PersistentTraits
   // The V slots' barriers: full_v[kVStages], empty_v[kVStages] (full and empty above guard the
   // K slots).
   static constexpr int kVBarOffset = kItemMetaOffset + 16 * kQSlots;
-  static constexpr int kSmemBytes = kVBarOffset + 16 * Roles::kVStages + 1024;
+  // The dynamic deal's item queue (the CSR variants without a cluster; ItemQueue): full[n],
+  // empty[n], then n int32 items (kQueueOffset).
+  static constexpr bool kDynamicDeal = !Roles::kImplicitOnly && kClusterM == 1;
+  static constexpr int kQueueEntries = kDynamicDeal ? flash_sm90::kItemQueue : 0;
+  static constexpr int kQueueBarOffset = kVBarOffset + 16 * Roles::kVStages;
+  static constexpr int kQueueOffset = kQueueBarOffset + 16 * kQueueEntries;
+  static constexpr int kSmemBytes = kQueueOffset + 4 * kQueueEntries + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget");
 };
 
@@ -189,13 +199,15 @@ __device__ __forceinline__ void ProducePersistentKv(const FlashFwdParams& p,
 // extent is the key count). K and V have their own barriers (K: full/empty, V: full_v/empty_v),
 // since the consumer is done with K(e) after S(e) but reads V(e) a tile later; a K slot can then
 // reload while the V of its tile is still being read.
-template <typename Traits>
+// kDynamic: the items come from the dynamic deal (ItemQueue).
+template <typename Traits, bool kDynamic = false>
 __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
                                                        const WarpSpecializedSmem& sm,
                                                        uint32_t bar_full_v, uint32_t bar_empty_v,
                                                        int num_items, int head_group,
                                                        const CUtensorMap* tma_k,
-                                                       const CUtensorMap* tma_v, int lane) {
+                                                       const CUtensorMap* tma_v,
+                                                       const ItemQueue& queue, int lane) {
   constexpr int kBlock = Traits::kBlock;
   constexpr int kPanels = Traits::kHeadDim / 64;
   constexpr int kClusterM = Traits::kClusterM;
@@ -234,8 +246,8 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
   // implicit-only ones have no loads to hide and decode on every lane as before.
   constexpr bool kAhead = !Traits::kImplicitOnly;
   if (!kAhead || lane == 0) {
-    ItemWalk<Traits::kItemRows, Traits::kTileKeys, kClusterM, kAhead> walk(
-        p, hz, head_group, num_items);
+    ItemWalk<Traits::kItemRows, Traits::kTileKeys, kClusterM, kAhead, kDynamic> walk(
+        p, hz, head_group, num_items, queue);
     for (; walk.Valid(); walk.NextItem()) {
       walk.BeginItem();
       const WorkItem& w = walk.cur;
@@ -291,11 +303,15 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
 // (64 rows) per 64-column panel (rows past the query end zero-filled); otherwise every lane loads
 // the whole tile by cp.async once every warpgroup released it, waits, fences and arrives on every
 // q_full[h] (count 32).
-template <typename Traits, bool kTma>
+// kDynamic: items from round 2 on come from the dealer's draws (ItemQueue), and once none
+// is left every consumer warpgroup gets a row of -1 in its metadata (with a q_full arrive) as
+// the end.
+template <typename Traits, bool kTma, bool kDynamic = false>
 __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
                                                    const WarpSpecializedSmem& sm, int* item_meta,
                                                    int num_items, int head_group,
-                                                   const CUtensorMap* tma_q, int lane) {
+                                                   const CUtensorMap* tma_q,
+                                                   const ItemQueue& queue, int lane) {
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM;  // query rows of an item
   constexpr int kWgs = Traits::kConsumerWarpgroups;
@@ -305,8 +321,13 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
   constexpr int kClusterM = Traits::kClusterM;
   // Each Q row is read once: evict_first, so that it does not push K/V out of L2.
   constexpr uint64_t policy = kL2EvictFirst;
-  for (int item = CtaItem<kClusterM>(0); item < num_items;
-       item = CtaItem<kClusterM>(static_cast<int>(++local))) {
+  static_assert(!kDynamic || (kTma && kClusterM == 1), "the dynamic deal: TMA, no cluster");
+  // The CTA's item j: the first two rounds dealt, the later ones drawn.
+  auto item_at = [&](uint32_t j) {
+    if (!kDynamic || j < 2) return CtaItem<kClusterM>(static_cast<int>(j));
+    return queue.Take(j - 2, lane);
+  };
+  for (int item = item_at(0); item < num_items; item = item_at(++local)) {
     const WorkItem w = DecodeWorkItem<Traits::kItemRows, Traits::kTileKeys, kClusterM>(
         p, item, hz, head_group);
     // The item's Q buffer; it held item local - kQBufs, whose release (q_empty of that use,
@@ -364,7 +385,11 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     // With one Q buffer, the next item's rows are prefetched into L2 now, a whole item ahead of
     // their load. With two, their load follows within about an item anyway, and the prefetch
     // only cost (99% skipped 0.3-1.0% slower with it, h200-2026-11-28-kernel12/c).
-    const int next = CtaItem<kClusterM>(static_cast<int>(local) + 1);
+    int next = INT_MAX;
+    if constexpr (Traits::kQBufs == 1) {
+      next = !kDynamic || local + 1 < 2 ? CtaItem<kClusterM>(static_cast<int>(local) + 1)
+                                        : queue.Peek(local - 1);
+    }
     if (Traits::kQBufs == 1 && next < num_items) {
       int row, y, z;  // the next item's (its tile range is not needed for the prefetch)
       DecodeItem<Traits::kItemRows, kClusterM>(p, next, hz, head_group, row, y, z);
@@ -396,6 +421,22 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
       }
     }
   }
+  if constexpr (kDynamic) {
+    // The end, in the buffer of the CTA's item `local`, once its previous use was released.
+    const uint32_t kQBufs = Traits::kQBufs;
+    const int buf = static_cast<int>(local % kQBufs);
+    if (lane == 0) {
+#pragma unroll
+      for (int h = 0; h < kWgs; ++h) {
+        if (local >= kQBufs) {
+          MbarWait(QEmptyBar<Traits>(sm, buf, h), ((local - kQBufs) / kQBufs) & 1u);
+        }
+        item_meta[4 * (buf * kWgs + h)] = -1;
+        MbarArrive(QFullBar<Traits>(sm, buf, h));
+      }
+    }
+    __syncwarp();
+  }
 }
 
 #endif  // ATTNSERVE_FLASH_SM90_DEVICE
@@ -405,13 +446,17 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 // maps: head dim, row, head, segment, batch; 128-byte swizzle; boxes of 64 columns x kBlock rows,
 // kBlockM for Q); otherwise by cp.async (K/V from kProducerWarps warps, Q from the next one; the
 // maps are then not read).
-template <typename Traits, bool kTma>
+// kDynamic: the dynamic deal (ItemQueue) with the counter pair `item_counter` (TMA loads, a CSR
+// variant without a cluster); otherwise the items are dealt statically (CtaItem) and
+// item_counter is not read.
+template <typename Traits, bool kTma, bool kDynamic = false>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
     FlashFwdSm90PersistentKernel(const FlashFwdParams p, const int num_items, const int head_group,
                          const __grid_constant__ CUtensorMap tma_q,
                          const __grid_constant__ CUtensorMap tma_k,
-                         const __grid_constant__ CUtensorMap tma_v) {
+                         const __grid_constant__ CUtensorMap tma_v, int* const item_counter) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
+  static_assert(!kDynamic || (kTma && Traits::kDynamicDeal), "the dynamic deal: TMA, CSR");
   extern __shared__ unsigned char smem_raw[];
   // Traits' offsets; q_full[h] / q_empty[h]: QFullBar / QEmptyBar.
   const WarpSpecializedSmem sm = MakeWarpSpecializedSmem<Traits>(smem_raw);
@@ -428,6 +473,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   // The V slots' barriers (full_v[kVStages], then empty_v[kVStages]).
   const uint32_t bar_full_v = sm.bar_full + (Traits::kVBarOffset - Traits::kBarOffset);
   const uint32_t bar_empty_v = bar_full_v + 8 * Traits::kVStages;
+  ItemQueue queue;
+  if constexpr (kDynamic) {
+    queue.counter = item_counter;
+    queue.bars = sm.bar_full + (Traits::kQueueBarOffset - Traits::kBarOffset);
+  }
 
   if (tid == 0) {
     // full, full_v: TMA: the one arrive.expect_tx of the issuing lane; cp.async: every lane of
@@ -452,6 +502,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
         MbarInit(QEmptyBar<Traits>(sm, b, h), 4);
       }
     }
+    if constexpr (kDynamic) {
+#pragma unroll
+      for (int s = 0; s < kItemQueue; ++s) {
+        MbarInit(queue.Full(s), 1);                     // the dealer's arrive
+        MbarInit(queue.Empty(s), ItemQueue::kReaders);  // the K/V lane's and the Q warp's
+      }
+    }
     if constexpr (kTma) FenceMbarrierInit();
   }
   __syncthreads();  // the last CTA-wide barrier: idle producer warps exit below
@@ -459,26 +516,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm)
   if constexpr (Traits::kClusterM > 1) ClusterSync();
 
   if (warpgroup == 0) {
-    // Producer warpgroup: warps [0, kProducerWarps) load K/V, the next one Q, the last exits.
+    // Producer warpgroup: warps [0, kProducerWarps) load K/V (warp 0 alone with TMA; warp 1 then
+    // draws the items of the dynamic deal), the next one Q, the last exits.
     SetMaxNregDec<Traits::kProducerRegs>();
     if (warp < Traits::kProducerWarps) {
       if constexpr (kTma) {
         if (warp == 0) {
-          ProducePersistentKvTma<Traits>(p, sm, bar_full_v, bar_empty_v, num_items, head_group,
-                                         &tma_k, &tma_v, lane);
+          ProducePersistentKvTma<Traits, kDynamic>(p, sm, bar_full_v, bar_empty_v, num_items,
+                                                   head_group, &tma_k, &tma_v, queue, lane);
+        } else if (kDynamic && lane == 0) {
+          DealItems(queue, num_items);  // warp 1, idle with TMA loads otherwise
         }
       } else {
         ProducePersistentKv<Traits>(p, sm, bar_full_v, bar_empty_v, num_items, head_group, nk,
                                     warp, lane);
       }
     } else if (warp == Traits::kProducerWarps) {
-      ProducePersistentQ<Traits, kTma>(p, sm, item_meta, num_items, head_group, &tma_q,
-                                      lane);
+      ProducePersistentQ<Traits, kTma, kDynamic>(p, sm, item_meta, num_items, head_group, &tma_q,
+                                                 queue, lane);
     }
   } else {
     SetMaxNregInc<Traits::kConsumerRegs>();
-    ConsumePersistent<Traits>(p, sm, bar_full_v, bar_empty_v, item_meta, num_items, nk,
-                              warpgroup - 1, warp, lane);
+    ConsumePersistent<Traits, kDynamic>(p, sm, bar_full_v, bar_empty_v, item_meta, num_items,
+                                        nk, warpgroup - 1, warp, lane);
   }
 #else
   __trap();

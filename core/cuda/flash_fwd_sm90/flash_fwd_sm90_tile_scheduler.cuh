@@ -16,6 +16,9 @@
 namespace attnserve {
 namespace flash_sm90 {
 
+// Entries of the dynamic deal's item queue in shared memory (ItemQueue).
+inline constexpr int kItemQueue = 2;
+
 #if ATTNSERVE_FLASH_SM90_DEVICE
 
 // The persistent grid's r-th work item of this CTA (r = 0, 1, ...): round r covers items
@@ -23,8 +26,10 @@ namespace flash_sm90 {
 // ("snake"). Items come heaviest first (DecodeItem), so a plain stride (CTA b takes item
 // r * gridDim.x + b every round) gives CTA 0 the heaviest item of every round: for the implicit
 // causal layout at N = 16384 and 16 heads on 132 SMs the busiest CTA then carries 6% more tiles
-// than the mean; dealing back and forth cancels that to 0.2% (a dynamic queue would reach the
-// same). A value >= the item count means the CTA is done (only the last round is partial).
+// than the mean; dealing back and forth cancels that to 0.2%. A value >= the item count means
+// the CTA is done (only the last round is partial). What the deal cannot balance is the time the
+// same tile count takes on different SMs: the CSR layouts draw their items after round 1
+// (ItemQueue).
 // kClusterM > 1: the CTAs of a cluster (kClusterM consecutive blockIdx.x) run the same item
 // sequence, each its own query rows of it (DecodeItem), so the rounds deal clusters.
 template <int kClusterM = 1>
@@ -32,6 +37,82 @@ __device__ __forceinline__ int CtaItem(int r) {
   const int ctas = static_cast<int>(gridDim.x) / kClusterM;
   const int b = static_cast<int>(blockIdx.x) / kClusterM;
   return r * ctas + ((r & 1) ? ctas - 1 - b : b);
+}
+
+// The dynamic deal (Sm90ItemDeal::kDynamic; CSR layouts, no cluster, TMA loads): rounds 0 and 1
+// as CtaItem deals them, then each CTA draws its next item from a counter in device memory: item
+// 2 * gridDim.x + (the counter's old value). A warp of its own draws (DealItems: otherwise idle
+// producer warp 1), so that the atomic's round trip to L2 stands on no loader's path, and hands
+// the CTA's item r >= 2 to the K/V producer and the Q warp through entry r - 2 of a queue in
+// shared memory (kItemQueue entries, reused in turn); the consumers learn their items from the
+// Q warp as before, and the end from a negative row in their metadata. With two entries the CTA
+// holds at most about three items beyond the one its K/V producer loads, so items stay in the
+// counter until a CTA is nearly ready for them.
+// counter[0]: items drawn, counter[1]: CTAs that drew past the last item; the last of those
+// resets both to 0 for the next launch on the stream (flash_fwd_sm90.cc hands out one pair per
+// stream: launches on one stream never overlap, and a kernel that faults leaves no context to
+// launch in).
+struct ItemQueue {
+  int* counter = nullptr;  // global: [0] draws, [1] CTAs done drawing
+  // Shared-window address of full[kItemQueue] (entry s written: count 1, the dealer's arrive),
+  // then empty[kItemQueue] (entry s read: count 2, the K/V producer's lane and the Q warp), then
+  // the entries (int32: the item, >= the item count when none is left).
+  uint32_t bars = 0;
+  static constexpr uint32_t kReaders = 2;
+
+  __device__ __forceinline__ uint32_t Full(uint32_t s) const { return bars + 8 * s; }
+  __device__ __forceinline__ uint32_t Empty(uint32_t s) const {
+    return bars + 8 * (kItemQueue + s);
+  }
+  __device__ __forceinline__ uint32_t Entry(uint32_t s) const {
+    return bars + 16 * kItemQueue + 4 * s;
+  }
+  // Entry q (the CTA's item q + 2) is slot s = q % kItemQueue in its use u = q / kItemQueue.
+  // Both readers take every entry up to the first item past the last one, and no further.
+  // The dealer: publishes entry q once the slot's use u - 1 was read.
+  __device__ __forceinline__ void Publish(uint32_t q, int item) const {
+    const uint32_t s = q % kItemQueue;
+    if (q >= kItemQueue) MbarWait(Empty(s), (q / kItemQueue - 1) & 1u);
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(Entry(s)), "r"(item) : "memory");
+    MbarArrive(Full(s));  // release: the entry before the arrive
+  }
+  // A reader: wait for entry q and read it (Peek: without releasing it).
+  __device__ __forceinline__ int Peek(uint32_t q) const {
+    const uint32_t s = q % kItemQueue;
+    MbarWait(Full(s), (q / kItemQueue) & 1u);
+    int item;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(item) : "r"(Entry(s)) : "memory");
+    return item;
+  }
+  // Every lane of the Q warp.
+  __device__ __forceinline__ int Take(uint32_t q, int lane) const {
+    const int item = Peek(q);
+    __syncwarp();
+    MbarArriveLane0(Empty(q % kItemQueue), lane);
+    return item;
+  }
+  // The K/V producer's issuing lane alone.
+  __device__ __forceinline__ int TakeOne(uint32_t q) const {
+    const int item = Peek(q);
+    MbarArrive(Empty(q % kItemQueue));
+    return item;
+  }
+};
+
+// The dealer (lane 0 of its warp): draws the CTA's items from round 2 on into the queue, up to
+// and including the first one past the last item; then, as the last CTA to get there, resets the
+// counter pair.
+__device__ __forceinline__ void DealItems(const ItemQueue& queue, int num_items) {
+  for (uint32_t q = 0;; ++q) {
+    const int item = 2 * static_cast<int>(gridDim.x) + atomicAdd(queue.counter, 1);
+    queue.Publish(q, item);
+    if (item >= num_items) break;
+  }
+  __threadfence();
+  if (atomicAdd(queue.counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+    atomicExch(queue.counter, 0);
+    atomicExch(queue.counter + 1, 0);
+  }
 }
 
 // Query rows of a work item (kItemRows). 0: the layout block (p.block_size), which every CSR
@@ -194,10 +275,15 @@ __device__ __forceinline__ int TileKeyBlock(const FlashFwdParams& p, int row, in
 // next item's first, where the K/V ring would run dry at ~5 tiles per item (99% skipped).
 // Without kAhead (the implicit-only variants: no loads to hide, and their producers run at
 // 32-40 registers) an item is decoded where it starts.
-template <int kItemRows, int kTileKeys, int kClusterM, bool kAhead>
+// kDynamic (with kAhead): items from round 2 on come from the dealer (ItemQueue): the item after
+// next is taken from the queue at the current item's start (while the next one is a real item:
+// the queue ends at the first item past the last).
+template <int kItemRows, int kTileKeys, int kClusterM, bool kAhead, bool kDynamic = false>
 struct ItemWalk {
+  static_assert(!kDynamic || (kAhead && kClusterM == 1), "the dynamic deal: CSR, no cluster");
   const FlashFwdParams& p;
   const int hz, group, num_items;
+  const ItemQueue queue;
   int r = 0;  // the round of the current item (CtaItem)
   int item, item_next = INT_MAX, item_after = INT_MAX;
   WorkItem cur, next, after;
@@ -206,8 +292,8 @@ struct ItemWalk {
   bool ahead = false;  // (ahead_blk, ahead_mask) hold the current item's tile 0
 
   __device__ __forceinline__ ItemWalk(const FlashFwdParams& params, int hz_, int group_,
-                                      int num_items_)
-      : p(params), hz(hz_), group(group_), num_items(num_items_) {
+                                      int num_items_, ItemQueue queue_ = {})
+      : p(params), hz(hz_), group(group_), num_items(num_items_), queue(queue_) {
     item = CtaItem<kClusterM>(0);
     if constexpr (kAhead) {
       if (item < num_items) {
@@ -227,7 +313,11 @@ struct ItemWalk {
       cur = DecodeWorkItem<kItemRows, kTileKeys, kClusterM>(p, item, hz, group);
     } else {
       if (item_next < num_items) WorkItemRange<kItemRows, kTileKeys, kClusterM>(p, next);
-      item_after = CtaItem<kClusterM>(r + 2);
+      if constexpr (kDynamic) {
+        item_after = item_next < num_items ? queue.TakeOne(static_cast<uint32_t>(r)) : INT_MAX;
+      } else {
+        item_after = CtaItem<kClusterM>(r + 2);
+      }
       if (item_after < num_items) {
         after = DecodeWorkItemRow<kItemRows, kClusterM>(p, item_after, hz, group);
       }
