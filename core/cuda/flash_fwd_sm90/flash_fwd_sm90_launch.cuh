@@ -96,7 +96,6 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
     kernel = tma ? &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true>
                  : &flash_sm90::FlashFwdSm90PersistentKernel<Traits, false>;
   }
-  constexpr int kSmem = Traits::kSmemBytes;
   const long long item_rows = Traits::kItemRows != 0
                                   ? (params.seqlen + Traits::kBlockM - 1) / Traits::kBlockM
                                   : params.num_q_blocks;
@@ -110,28 +109,27 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   std::memcpy(&tma_q, maps.q, sizeof(tma_q));
   std::memcpy(&tma_k, maps.k, sizeof(tma_k));
   std::memcpy(&tma_v, maps.v, sizeof(tma_v));
-  if constexpr (kClusterM == 1) {
-    const long long slots = static_cast<long long>(num_sms) * Traits::kCtasPerSm;
-    const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
-    // The dynamic deal where it has something to balance: items past the two dealt rounds.
-    if constexpr (Traits::kDynamicDeal) {
-      if (item_counter != nullptr && tma && params.col_idx != nullptr && items > 2LL * grid) {
-        kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>;
-      } else {
-        item_counter = nullptr;
-      }
+  // Grid slots without a cluster (the persistent grid is min(slots, items)).
+  [[maybe_unused]] const long long slots = static_cast<long long>(num_sms) * Traits::kCtasPerSm;
+  // The dynamic deal where it has something to balance: items past the two dealt rounds.
+  if constexpr (Traits::kDynamicDeal) {
+    if (item_counter != nullptr && tma && params.col_idx != nullptr && items > 2 * slots) {
+      kernel = &flash_sm90::FlashFwdSm90PersistentKernel<Traits, true, true>;
+    } else {
+      item_counter = nullptr;
     }
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
+  }
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  if constexpr (kClusterM == 1) {
+    const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items),
                                                        head_group, tma_q, tma_k, tma_v,
                                                        item_counter);
     return cudaGetLastError();
   } else {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kClusterM;
