@@ -159,9 +159,10 @@ TEST(AttnserveBinaryTest, ServesAndDrainsOnSigterm) {
               HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu:0\",uuid=\"cpu-0\"} 0"));
   EXPECT_THAT(text, HasSubstr("attnserve_nccl_bytes_total{device=\"cpu:0\",direction=\"send\"} 0"));
 
-  // A call that runs for a while; SIGTERM once it is in progress.
+  // A call that runs for a while (~0.6 s of CPU work: with 4096 tokens, ~0.15 s, it could end
+  // before the refused call below, and the server stop first); SIGTERM once it is in progress.
   auto long_call =
-      std::async(std::launch::async, [&] { return AttendDense(stub.get(), 4096, 8, 64); });
+      std::async(std::launch::async, [&] { return AttendDense(stub.get(), 8192, 8, 64); });
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (absl::Now() < until &&
          Scrape(*metrics_port).find("attnserve_inflight_requests 1") == std::string::npos) {
