@@ -34,6 +34,16 @@ struct ConsumerCarry {
   OnlineSoftmax<Traits::kBlock, Traits::kHeadDim> softmax;  // and its statistics
 };
 
+// The O rescale after the exponentials and the P packing at 128-key tiles: with the rescale
+// branch between them, ptxas hoisted half the exponentials above it and left the row sums and
+// P conversions behind, so that every tile ended on two dependent chains of ~30 additions;
+// after, the additions and conversions interleave with the exponentials one for one, as in
+// FA4's loop. H200, nine interleaved reps (bench/results/h200-2026-11-28-kernel14, a/ and c/):
+// D = 64 0.9-1.0% faster (8 or 9 reps of 9), 99% skipped 0.2-0.3% (every rep), 90% level
+// (cycles too: b/l2). At 176-key tiles (D = 128 dense and causal) the same order was 1.8%
+// slower in every rep (c/), so they keep the rescale first.
+constexpr bool RescaleOLast(int key_tile) { return key_tile == 128; }
+
 // The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
 // the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
 // window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
@@ -72,6 +82,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // V(e-1) waited for inside the ping-pong window at 128-key tiles (FA4's order): 0.7-1.1% fewer
   // cycles at 90% and D = 64 (h200x2-2026-11-28-kernel10/d), 1% more at 176 keys (kernel8).
   constexpr bool kVWaitInWindow = Traits::kBlock == 128 && Traits::kConsumerWarpgroups >= 2;
+  constexpr bool kRescaleLast = RescaleOLast(Traits::kBlock);
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -183,16 +194,10 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // V(e-1) read.
     MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * c.stage, c.pending ? ln : kNone);
     if (work) {
-      if constexpr (!kFirst) {
-        // O is rescaled only where a row max of the warp grew (alpha = exp2(0) = 1 exactly
-        // otherwise): a warp vote, so the branch is warp-uniform. (Unconditional, interleaved
-        // with the exponentials as FA4 does it, it was 2% slower on causal: ab-ew.)
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-          softmax.RescaleO(acc_o, alpha);
-        }
-      }
+      if constexpr (!kFirst && !kRescaleLast) softmax.RescaleOWhereGrown(acc_o, alpha);
       softmax.StepExp(s, scaled_max, p.scale_log2);
       PackP<typename Traits::Elem, kBlock>(s, c.pa);
+      if constexpr (!kFirst && kRescaleLast) softmax.RescaleOWhereGrown(acc_o, alpha);
     } else {
       // Nothing reads V(e): hand it back once it landed (the producer re-arms its barrier only
       // after the release, so the release must not overtake the copy).

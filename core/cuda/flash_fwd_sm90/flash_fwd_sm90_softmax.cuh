@@ -96,6 +96,16 @@ struct OnlineSoftmax {
     }
   }
 
+  // RescaleO where a row max of the warp grew (alpha = exp2(0) = 1 exactly otherwise): a warp
+  // vote, so the branch is warp-uniform. (Unconditional, interleaved with the exponentials as
+  // FA4 does it, it was 2% slower on causal (bench/results/h200x2-2026-11-28-kernel7, ab-ew);
+  // after them, with the exponentials first, 1-4% slower on every case (h200-2026-11-28-
+  // kernel14/c, v2).)
+  __device__ __forceinline__ void RescaleOWhereGrown(float (&acc_o)[kHeadDim / 2],
+                                                     const float (&alpha)[2]) const {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) RescaleO(acc_o, alpha);
+  }
+
   // O of the thread's two rows times the factors StepScores returned.
   __device__ __forceinline__ void RescaleO(float (&acc_o)[kHeadDim / 2],
                                            const float (&alpha)[2]) const {
