@@ -1,7 +1,10 @@
 #include "core/cuda/cuda_options.h"
 
+#include <array>
+#include <cstddef>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -29,31 +32,60 @@ std::string_view EnvValue(const char* name) {
   return value != nullptr ? std::string_view(value) : std::string_view();
 }
 
+// An option's values with their names (what flags and environment variables say, and logs
+// print), "auto" first: both directions come from the one list, and an empty name means auto.
+template <typename E, size_t N>
+using NameList = std::array<std::pair<E, std::string_view>, N>;
+
+template <typename E, size_t N>
+std::string_view NameIn(const NameList<E, N>& names, E value) {
+  for (const auto& [e, name] : names) {
+    if (e == value) return name;
+  }
+  return names[0].second;
+}
+
+template <typename E, size_t N>
+absl::StatusOr<E> ParseIn(const NameList<E, N>& names, std::string_view name,
+                          std::string_view what) {
+  if (name.empty()) return names[0].first;
+  for (const auto& [e, n] : names) {
+    if (n == name) return e;
+  }
+  std::string expected;  // "auto, own or cudnn"
+  for (size_t i = 0; i < N; ++i) {
+    expected += i == 0 ? "" : (i + 1 == N ? " or " : ", ");
+    expected += names[i].second;
+  }
+  return Invalid(what, expected, name);
+}
+
+constexpr NameList<AttentionEngine, 3> kEngineNames = {{
+    {AttentionEngine::kAuto, "auto"}, {AttentionEngine::kOwn, "own"},
+    {AttentionEngine::kCudnn, "cudnn"}}};
+constexpr NameList<FlashKernelArch, 3> kArchNames = {{
+    {FlashKernelArch::kAuto, "auto"}, {FlashKernelArch::kSm80, "sm80"},
+    {FlashKernelArch::kSm90, "sm90"}}};
+constexpr NameList<Sm90ItemOrder, 3> kItemOrderNames = {{
+    {Sm90ItemOrder::kAuto, "auto"}, {Sm90ItemOrder::kPosition, "position"},
+    {Sm90ItemOrder::kHead, "head"}}};
+constexpr NameList<Sm90ItemDeal, 3> kItemDealNames = {{
+    {Sm90ItemDeal::kAuto, "auto"}, {Sm90ItemDeal::kStatic, "static"},
+    {Sm90ItemDeal::kDynamic, "dynamic"}}};
+constexpr NameList<Sm90QueryTile, 3> kQueryTileNames = {{
+    {Sm90QueryTile::kAuto, "auto"}, {Sm90QueryTile::k128, "128"}, {Sm90QueryTile::k192, "192"}}};
+constexpr NameList<Sm90KeyTile, 3> kKeyTileNames = {{
+    {Sm90KeyTile::kAuto, "auto"}, {Sm90KeyTile::k128, "128"}, {Sm90KeyTile::k176, "176"}}};
+constexpr NameList<Sm90Cluster, 3> kClusterNames = {{
+    {Sm90Cluster::kAuto, "auto"}, {Sm90Cluster::k1, "1"}, {Sm90Cluster::k2, "2"}}};
+
 }  // namespace
 
 std::string_view AttentionEngineName(AttentionEngine engine) {
-  switch (engine) {
-    case AttentionEngine::kAuto:
-      return "auto";
-    case AttentionEngine::kOwn:
-      return "own";
-    case AttentionEngine::kCudnn:
-      return "cudnn";
-  }
-  return "auto";
+  return NameIn(kEngineNames, engine);
 }
 
-std::string_view FlashKernelArchName(FlashKernelArch arch) {
-  switch (arch) {
-    case FlashKernelArch::kAuto:
-      return "auto";
-    case FlashKernelArch::kSm80:
-      return "sm80";
-    case FlashKernelArch::kSm90:
-      return "sm90";
-  }
-  return "auto";
-}
+std::string_view FlashKernelArchName(FlashKernelArch arch) { return NameIn(kArchNames, arch); }
 
 std::string_view Sm90ScheduleName(Sm90Schedule schedule) {
   switch (schedule) {
@@ -63,31 +95,22 @@ std::string_view Sm90ScheduleName(Sm90Schedule schedule) {
   return "persistent";
 }
 
-std::string_view Sm90ItemOrderName(Sm90ItemOrder order) {
-  switch (order) {
-    case Sm90ItemOrder::kAuto:
-      return "auto";
-    case Sm90ItemOrder::kPosition:
-      return "position";
-    case Sm90ItemOrder::kHead:
-      return "head";
-  }
-  return "auto";
-}
+std::string_view Sm90ItemOrderName(Sm90ItemOrder order) { return NameIn(kItemOrderNames, order); }
 
-// Empty names parse as "auto" where there is one: an empty flag or variable means the default.
+std::string_view Sm90ItemDealName(Sm90ItemDeal deal) { return NameIn(kItemDealNames, deal); }
+
+std::string_view Sm90QueryTileName(Sm90QueryTile tile) { return NameIn(kQueryTileNames, tile); }
+
+std::string_view Sm90KeyTileName(Sm90KeyTile tile) { return NameIn(kKeyTileNames, tile); }
+
+std::string_view Sm90ClusterName(Sm90Cluster cluster) { return NameIn(kClusterNames, cluster); }
+
 absl::StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return AttentionEngine::kAuto;
-  if (name == "own") return AttentionEngine::kOwn;
-  if (name == "cudnn") return AttentionEngine::kCudnn;
-  return Invalid(what, "auto, own or cudnn", name);
+  return ParseIn(kEngineNames, name, what);
 }
 
 absl::StatusOr<FlashKernelArch> ParseFlashKernelArch(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return FlashKernelArch::kAuto;
-  if (name == "sm80") return FlashKernelArch::kSm80;
-  if (name == "sm90") return FlashKernelArch::kSm90;
-  return Invalid(what, "auto, sm80 or sm90", name);
+  return ParseIn(kArchNames, name, what);
 }
 
 absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name, std::string_view what) {
@@ -98,87 +121,24 @@ absl::StatusOr<Sm90Schedule> ParseSm90Schedule(std::string_view name, std::strin
   return Invalid(what, "persistent (or v3; single_tile / v1 and v2 were removed)", name);
 }
 
-std::string_view Sm90ItemDealName(Sm90ItemDeal deal) {
-  switch (deal) {
-    case Sm90ItemDeal::kAuto:
-      return "auto";
-    case Sm90ItemDeal::kStatic:
-      return "static";
-    case Sm90ItemDeal::kDynamic:
-      return "dynamic";
-  }
-  return "auto";
-}
-
 absl::StatusOr<Sm90ItemDeal> ParseSm90ItemDeal(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return Sm90ItemDeal::kAuto;
-  if (name == "static") return Sm90ItemDeal::kStatic;
-  if (name == "dynamic") return Sm90ItemDeal::kDynamic;
-  return Invalid(what, "auto, static or dynamic", name);
+  return ParseIn(kItemDealNames, name, what);
 }
 
 absl::StatusOr<Sm90ItemOrder> ParseSm90ItemOrder(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return Sm90ItemOrder::kAuto;
-  if (name == "position") return Sm90ItemOrder::kPosition;
-  if (name == "head") return Sm90ItemOrder::kHead;
-  return Invalid(what, "auto, position or head", name);
-}
-
-std::string_view Sm90QueryTileName(Sm90QueryTile tile) {
-  switch (tile) {
-    case Sm90QueryTile::kAuto:
-      return "auto";
-    case Sm90QueryTile::k128:
-      return "128";
-    case Sm90QueryTile::k192:
-      return "192";
-  }
-  return "auto";
+  return ParseIn(kItemOrderNames, name, what);
 }
 
 absl::StatusOr<Sm90QueryTile> ParseSm90QueryTile(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return Sm90QueryTile::kAuto;
-  if (name == "128") return Sm90QueryTile::k128;
-  if (name == "192") return Sm90QueryTile::k192;
-  return Invalid(what, "auto, 128 or 192", name);
-}
-
-std::string_view Sm90KeyTileName(Sm90KeyTile tile) {
-  switch (tile) {
-    case Sm90KeyTile::kAuto:
-      return "auto";
-    case Sm90KeyTile::k128:
-      return "128";
-    case Sm90KeyTile::k176:
-      return "176";
-  }
-  return "auto";
+  return ParseIn(kQueryTileNames, name, what);
 }
 
 absl::StatusOr<Sm90KeyTile> ParseSm90KeyTile(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return Sm90KeyTile::kAuto;
-  if (name == "128") return Sm90KeyTile::k128;
-  if (name == "176") return Sm90KeyTile::k176;
-  return Invalid(what, "auto, 128 or 176", name);
-}
-
-std::string_view Sm90ClusterName(Sm90Cluster cluster) {
-  switch (cluster) {
-    case Sm90Cluster::kAuto:
-      return "auto";
-    case Sm90Cluster::k1:
-      return "1";
-    case Sm90Cluster::k2:
-      return "2";
-  }
-  return "auto";
+  return ParseIn(kKeyTileNames, name, what);
 }
 
 absl::StatusOr<Sm90Cluster> ParseSm90Cluster(std::string_view name, std::string_view what) {
-  if (name.empty() || name == "auto") return Sm90Cluster::kAuto;
-  if (name == "1") return Sm90Cluster::k1;
-  if (name == "2") return Sm90Cluster::k2;
-  return Invalid(what, "auto, 1 or 2", name);
+  return ParseIn(kClusterNames, name, what);
 }
 
 absl::StatusOr<CudaOptions> CudaOptionsFromEnv(CudaOptions base) {
