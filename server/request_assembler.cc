@@ -231,6 +231,15 @@ absl::Status RequestAssembler::AddHeader(const v1::AttendHeader& header) {
 void RequestAssembler::ReleaseBuffers() {
   for (HostTensor& t : tensors_) t = HostTensor();
   reservation_.Release();
+  ReleaseHolds();
+}
+
+void RequestAssembler::ReleaseHolds() {
+  o_slice_.reset();
+  lse_slice_.reset();
+  device_io_ = DeviceIo();
+  key_shards_.clear();
+  context_.reset();
 }
 
 absl::Status RequestAssembler::ResolveTensors(const v1::AttendHeader& header,
@@ -302,6 +311,7 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
                        absl::StrCat("o ", ShapeString(shape.batch, shape.tokens, shape.q_heads,
                                                       shape.head_dim, dtype))));
   o_slice_ = std::move(o);
+  outputs_in_regions_ = true;
   if (header.return_lse()) {
     const int64_t lse_bytes =
         SatMul(SatMul(SatMul(shape.batch, shape.q_heads), shape.tokens), int64_t{4});
@@ -311,6 +321,7 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
         absl::StrCat("lse [", shape.batch, ", ", shape.q_heads, ", ", shape.tokens, "] f32"));
     if (!lse.ok()) {
       o_slice_.reset();
+      outputs_in_regions_ = false;
       return lse.status();
     }
     lse_slice_ = *std::move(lse);
@@ -320,6 +331,7 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
   if (absl::Status s = CheckOutputRefsDisjoint(header); !s.ok()) {
     o_slice_.reset();
     lse_slice_.reset();
+    outputs_in_regions_ = false;
     return s;
   }
   // Direct when every output slice is host-mapped or can be written in place on the run's GPU.

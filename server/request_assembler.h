@@ -105,11 +105,21 @@ class RequestAssembler {
   DType dtype() const { return dtype_; }
   int64_t response_chunk_bytes() const { return response_chunk_bytes_; }
 
-  // Drops the Q/K/V buffers not yet taken and the upload reservation (a call ended early: its
-  // memory goes back now, not when gRPC gets round to deleting the call). The header stays.
+  // Drops the Q/K/V buffers not yet taken, the upload reservation and the holds (ReleaseHolds):
+  // a call ended early, its memory goes back now, not when gRPC gets round to deleting the call.
+  // The header stays.
   void ReleaseBuffers();
-  // Returns the upload reservation (the job that held the buffers is done).
-  void ReleaseReservation() { reservation_.Release(); }
+  // The job is done and its outputs written (WriteOutputs): returns the upload reservation and
+  // drops the holds (ReleaseHolds), so that a caller who unregisters a region or deletes a
+  // context right after the response finds it idle, not held until gRPC deletes the call.
+  void JobDone() {
+    reservation_.Release();
+    ReleaseHolds();
+  }
+  // Drops what the assembler holds of regions and contexts: the output slices' leases and the
+  // context view. outputs_in_regions() keeps its answer; WriteOutputs and OutputViews have
+  // nothing left to write into afterwards.
+  void ReleaseHolds();
 
   // Moves the tensors out (after Complete() is OK); the assembler holds nothing afterwards.
   HostTensor TakeQ() { return std::move(tensors_[0]); }
@@ -117,7 +127,7 @@ class RequestAssembler {
   HostTensor TakeV() { return std::move(tensors_[2]); }
 
   // True when the header named o_region: the outputs go into regions, not onto the stream.
-  bool outputs_in_regions() const { return o_slice_.has_value(); }
+  bool outputs_in_regions() const { return outputs_in_regions_; }
   // Copies O (and LSE when the header named lse_region) into their regions. Thread-safe against
   // nothing else of the assembler's; call once the job is done.
   absl::Status WriteOutputs(const HostTensor& o, const HostTensor& lse) const;
@@ -167,6 +177,7 @@ class RequestAssembler {
   std::array<bool, 3> from_region_{};
   std::optional<RegionSlice> o_slice_;
   std::optional<RegionSlice> lse_slice_;
+  bool outputs_in_regions_ = false;  // the header named o_region (kept after ReleaseHolds)
   // Set by the header: in-place views, the GPU they are on (-1: none), and whether every output
   // slice is written directly by the run (host-mapped, or a view in device_io_).
   DeviceIo device_io_;

@@ -261,6 +261,19 @@ TEST(RequestAssemblerTest, RegionRefsSupplyTensors) {
   ASSERT_TRUE(a.WriteOutputs(o, lse).ok());
   EXPECT_EQ(static_cast<uint8_t>((*lease)->host_data()[4096 + q_bytes - 1]), 0x11);
   EXPECT_EQ(static_cast<uint8_t>((*lease)->host_data()[8192]), 0x22);
+  // Once the outputs are written the assembler's holds go (the reactor calls ReleaseHolds before
+  // the response): only the test's own lease and q's view are left, and the answer stays.
+  const auto leases = [&] {
+    std::vector<RegionInfo> list = registry->List("");
+    return list.empty() ? int64_t{-1} : list[0].leases;
+  };
+  const int64_t held = leases();
+  a.ReleaseHolds();
+  EXPECT_EQ(leases(), held - 2) << "the o and lse slices' leases";
+  EXPECT_TRUE(a.outputs_in_regions());
+  q = HostTensor();
+  lease->reset();
+  EXPECT_EQ(leases(), 0);
 
   // lse_region is required with o_region when return_lse, and refs need a registry.
   v1::AttendHeader no_lse = h;

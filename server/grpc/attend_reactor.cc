@@ -191,8 +191,7 @@ class AttentionServiceImpl::AttendReactor final
     }
     if (!verdict) return nullptr;
     final_ = *std::move(verdict);
-    // Nothing was submitted while receiving: the buffers go back now, not when OnDone comes.
-    if (stage_ == Stage::kReceiving) assembler_.ReleaseBuffers();
+    if (stage_ == Stage::kReceiving) assembler_.ReleaseBuffers();  // nothing submitted: go now
     Actions a = FinishIfReadyLocked();
     if (!a.finish) return nullptr;  // the operation in progress finishes the call
     // Finish is owed by this caller alone, so OnDone (which deletes this) cannot come before it.
@@ -283,6 +282,7 @@ class AttentionServiceImpl::AttendReactor final
     if (absl::Status s = assembler_.Add(request_); !s.ok()) {
       final_ = s;
       request_.Clear();
+      assembler_.ReleaseBuffers();  // refused: its memory and leases go now, not at OnDone
       return;
     }
     if (request_.has_header()) {
@@ -367,7 +367,7 @@ class AttentionServiceImpl::AttendReactor final
       std::lock_guard<std::mutex> lock(mu_);
       job_outstanding_ = false;
       job_.reset();
-      assembler_.ReleaseReservation();  // the inputs are gone with the job
+      assembler_.JobDone();  // the reservation, region leases and context go before the response
       queue_seconds_ = result.queue_seconds;
       compute_seconds_ = result.info.compute_seconds;
       copy_seconds_ = result.info.copy_seconds;
