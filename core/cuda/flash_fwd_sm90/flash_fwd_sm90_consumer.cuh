@@ -9,6 +9,7 @@
 #include <climits>
 #include <type_traits>
 
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_stamps.cuh"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_warp_specialized.cuh"
 
 namespace attnserve {
@@ -71,7 +72,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     const RingDescs<Traits>& descs, const ConsumerRow& cr, const ThreadRows& rows,
     int64_t nk, float (&acc_o)[Traits::kHeadDim / 2],
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
-    int lane, OnScores on_scores, FinishPrev finish_prev) {
+    int lane, Stamps& st, OnScores on_scores, FinishPrev finish_prev) {
   constexpr int kBlock = Traits::kBlock;
   // The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a mask
   // kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile.
@@ -116,7 +117,9 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     const int vstage = Traits::kSplitRing ? vring.stage : stage;
     const uint32_t vparity = Traits::kSplitRing ? vring.parity : parity;
     if constexpr (Traits::kSplitRing) vring.Advance();
+    st.At(kStampStart);
     MbarWait(sm.bar_full + 8 * stage, parity);
+    st.At(kStampKLanded);
     int mask = 0;
     int blk = 0;
     bool work = false;
@@ -136,11 +139,12 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
         masked = mask != 0 || blk >= blk_full;
       }
     };
-    auto wait_v = [&] { MbarWait(bar_full_v + 8 * c.stage, c.parity); };  // V(e-1) landed
+    auto wait_v = [&] { MbarWait(bar_full_v + 8 * c.stage, c.parity); st.At(kStampVLanded); };
     if (!kVWaitInWindow && c.pending) wait_v();
 
     float s[kBlock / 2];
     pp.BeforeScores();
+    st.At(kStampTurn);
     // S(e) is issued also for a tile without work (its result is not read): a conditional S
     // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
     // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
@@ -151,14 +155,13 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
                              descs.V(c.stage), c.pending,
                              [&] { if (kVWaitInWindow && c.pending) wait_v(); });
     pp.AfterScores();
+    st.At(kStampIssued);
     // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it, taken
-    // under the GEMMs, after the issue: the CSR variants read the stage's slot (rewritten only
-    // after this warpgroup's K release below; read under the GEMMs rather than before the
-    // barrier: dense D = 128 6%, causal 1%, 99% skipped 1% faster on an H200, bench/results/
-    // h200x2-2026-11-27-kernel3/ab-meta-order), the implicit-only ones compute it from e. (The
-    // three-warpgroup variant, implicit-only, read the slot before the barrier, where the load
-    // sat on the path to the GEMM issue; computing it, with RingPos and LaneId, took 2.1% fewer
-    // cycles at D = 64, 0.8% at D = 128: h200x2-2026-11-28-kernel8/cycles.)
+    // under the GEMMs, after the issue: the CSR variants read the stage's slot, rewritten only
+    // after this warpgroup's K release below (read before the barrier, dense D = 128 was 6%,
+    // causal 1%, 99% skipped 1% slower on an H200: h200x2-2026-11-27-kernel3/ab-meta-order); the
+    // implicit-only ones compute it from e (a slot read before the barrier sat on the path to the
+    // GEMM issue: 2.1% / 0.8% more cycles at D = 64 / 128, h200x2-2026-11-28-kernel8/cycles).
     static_assert(kImplicitOnly || Traits::kConsumerWarpgroups <= 2,
                   "a CSR variant with three consumer warpgroups would hold the slot's values "
                   "across the GEMM issue at 160 registers: measure where it reads them first");
@@ -167,6 +170,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     // spilled it), kept with two (the read's latency sat right after the S wait, kernel10/a).
     const int ln = Traits::kConsumerWarpgroups >= 3 ? LaneId() : lane;
     WaitScoresOf<1>(s);
+    st.At(kStampScores);
     on_scores(e + 1 == count ? ln : 1);
     // K(e) read (or not needed).
     MbarArriveClusterLanes<kClusterM>(sm.bar_empty + 8 * stage, ln);
@@ -189,6 +193,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
       softmax.StepMax(s, alpha, scaled_max, p.scale_log2);
     }
     WgmmaWait<0>();
+    st.At(kStampPv);
 #pragma unroll
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
     // V(e-1) read.
@@ -212,6 +217,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     c.pending = work;
     c.stage = work ? vstage : c.stage;
     c.parity = work ? vparity : c.parity;
+    st.EndTile(e, count);
   };
   consume_tile(std::true_type{}, 0);
   for (int e = 1; e < count; ++e) consume_tile(std::false_type{}, e);
@@ -247,6 +253,7 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
   OnlineSoftmax<Traits::kBlock, kHeadDim> softmax;
   softmax.Reset();
   ConsumerCarry<Traits> c;
+  Stamps st(wg);  // per-tile clock stamps in a developer's build (flash_fwd_sm90_stamps.cuh)
   const bool vector_ok = OutputVectorOk<typename Traits::Elem>(p);
   // The carried item's output (rows past the query end are skipped inside StoreOutput).
   auto store_prev = [&] {
@@ -292,11 +299,13 @@ __device__ __forceinline__ void ConsumePersistent(const FlashFwdParams& p,
     const ThreadRows rows{wg_row0 + row_in_wg, delta, lane % 4};
     ConsumeItemOverlapped<Traits>(
         p, sm, bar_full_v, bar_empty_v, ring, vring, count, pp, descs.WithQBuf(buf), cr, rows, nk,
-        acc_o, softmax, c, lane,
+        acc_o, softmax, c, lane, st,
         [&](int arrive_lane) { MbarArriveLane0(bar_q_empty, arrive_lane); },
         [&] {
           if (c.owed) {
+            st.At(kStampEpilogue);
             store_prev();
+            st.At(kStampStored);
             // O's registers are zeroed only after the stores read them (not moved elsewhere
             // first, which would make ptxas wait for the GEMMs right after their issue).
 #pragma unroll

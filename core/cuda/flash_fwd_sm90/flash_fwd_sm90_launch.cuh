@@ -125,9 +125,15 @@ cudaError_t RunFlashFwdSm90PersistentImpl(const FlashFwdParams& params, int num_
   if (err != cudaSuccess) return err;
   if constexpr (kClusterM == 1) {
     const unsigned grid = static_cast<unsigned>(items < slots ? items : slots);
+#if ATTNSERVE_SM90_STAMPS
+    flash_sm90::StampsBeforeLaunch(stream, items);
+#endif
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params, static_cast<int>(items),
                                                        head_group, tma_q, tma_k, tma_v,
                                                        item_counter);
+#if ATTNSERVE_SM90_STAMPS
+    flash_sm90::StampsAfterLaunch(stream, items);
+#endif
     return cudaGetLastError();
   } else {
     cudaLaunchAttribute attr[1];
