@@ -289,8 +289,7 @@ class AttentionServiceImpl::AttendReactor final
       request_id_ = request_.header().request_id().empty() ? service_->NextRequestId()
                                                            : request_.header().request_id();
     }
-    // The message is consumed: free it now (a chunk's payload, a header's spec lists) rather
-    // than when the next read replaces it, which for a silent client is never.
+    // Consumed: freed now, not when the next read replaces it (never, for a silent client).
     request_.Clear();
     if (assembler_.all_received()) {
       receive_seconds_ = absl::ToDoubleSeconds(absl::Now() - start_);
@@ -318,7 +317,8 @@ class AttentionServiceImpl::AttendReactor final
       stage_ = Stage::kQueued;
       if (absl::Status s = service_->scheduler_->Submit(std::move(job)); !s.ok()) {
         job_outstanding_ = false;
-        job_.reset();  // frees the inputs now
+        job_.reset();                 // frees the inputs now
+        assembler_.ReleaseBuffers();  // and the reservation and leases
         final_ = s;
         return;
       }
