@@ -311,7 +311,6 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
                        absl::StrCat("o ", ShapeString(shape.batch, shape.tokens, shape.q_heads,
                                                       shape.head_dim, dtype))));
   o_slice_ = std::move(o);
-  outputs_in_regions_ = true;
   if (header.return_lse()) {
     const int64_t lse_bytes =
         SatMul(SatMul(SatMul(shape.batch, shape.q_heads), shape.tokens), int64_t{4});
@@ -321,7 +320,6 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
         absl::StrCat("lse [", shape.batch, ", ", shape.q_heads, ", ", shape.tokens, "] f32"));
     if (!lse.ok()) {
       o_slice_.reset();
-      outputs_in_regions_ = false;
       return lse.status();
     }
     lse_slice_ = *std::move(lse);
@@ -331,9 +329,9 @@ absl::Status RequestAssembler::ResolveOutputs(const v1::AttendHeader& header,
   if (absl::Status s = CheckOutputRefsDisjoint(header); !s.ok()) {
     o_slice_.reset();
     lse_slice_.reset();
-    outputs_in_regions_ = false;
     return s;
   }
+  outputs_in_regions_ = true;  // the slices stand (kept past ReleaseHolds, which drops them)
   // Direct when every output slice is host-mapped or can be written in place on the run's GPU.
   const auto on_device = [](const RegionSlice& slice) {
     return slice.lease->host_data() == nullptr;

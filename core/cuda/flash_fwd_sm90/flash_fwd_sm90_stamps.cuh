@@ -1,13 +1,14 @@
 // Per-tile clock stamps of the persistent kernel's consumer warpgroups, for studying the
 // ping-pong cadence (which warpgroup waits for which, and for what). A developer's build only:
-// compiled in with -DATTNSERVE_SM90_STAMPS=1 (bench/sm90_stamps.sh builds such an attnbench_cuda);
-// in every other build `Stamps` is empty and its calls compile to nothing.
+// compiled in with -DATTNSERVE_SM90_STAMPS=1 (bench/sm90_stamps.sh says how to build and run such
+// an attnbench_cuda); in every other build `Stamps` is empty and its calls compile to nothing.
 //
 // What is recorded: for the first kStampCtas CTAs of a launch, thread 0 of each consumer
 // warpgroup writes clock64() at the StampPoints of each of its first kStampTiles tiles, plus
-// the tile's index in its item. After a launch of the non-cluster kernel, the launcher copies the
-// table to the file named by ATTNSERVE_SM90_STAMPS_OUT (overwritten by every launch: the last
-// one stays). bench/sm90_stamps.py reads it.
+// the tile's index in its item. After a launch of the non-cluster kernel (of at least
+// ATTNSERVE_SM90_STAMPS_MIN_ITEMS items), the launcher copies the table to the file named by
+// ATTNSERVE_SM90_STAMPS_OUT (overwritten by each such launch: the last one stays).
+// bench/sm90_stamps.py reads it.
 #ifndef ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_STAMPS_CUH_
 #define ATTNSERVE_CORE_CUDA_FLASH_FWD_SM90_FLASH_FWD_SM90_STAMPS_CUH_
 
@@ -54,20 +55,22 @@ static __device__ unsigned long long g_sm90_stamps[kStampCtas][kStampWgs][kStamp
 // a run makes besides the measured ones (checks, other layouts) do not overwrite the table.
 // Before: zero the table; after: copy it to ATTNSERVE_SM90_STAMPS_OUT (a header of five int32:
 // magic 0x53544d50, CTAs, warpgroups, tiles, words; then the table).
-static bool StampsRecorded(long long items) {
+// The output path when a launch of `items` items is recorded, else null.
+static const char* StampsPath(long long items) {
   const char* path = std::getenv("ATTNSERVE_SM90_STAMPS_OUT");
   const char* min = std::getenv("ATTNSERVE_SM90_STAMPS_MIN_ITEMS");
-  return path != nullptr && items >= (min != nullptr ? std::atoll(min) : 1024);
+  return items >= (min != nullptr ? std::atoll(min) : 1024) ? path : nullptr;
 }
 static void StampsBeforeLaunch(cudaStream_t stream, long long items) {
   void* table = nullptr;
-  if (StampsRecorded(items) && cudaGetSymbolAddress(&table, g_sm90_stamps) == cudaSuccess) {
+  if (StampsPath(items) != nullptr &&
+      cudaGetSymbolAddress(&table, g_sm90_stamps) == cudaSuccess) {
     (void)cudaMemsetAsync(table, 0, sizeof(g_sm90_stamps), stream);
   }
 }
 static void StampsAfterLaunch(cudaStream_t stream, long long items) {
-  if (!StampsRecorded(items) || cudaStreamSynchronize(stream) != cudaSuccess) return;
-  const char* path = std::getenv("ATTNSERVE_SM90_STAMPS_OUT");
+  const char* path = StampsPath(items);
+  if (path == nullptr || cudaStreamSynchronize(stream) != cudaSuccess) return;
   std::vector<unsigned long long> host(sizeof(g_sm90_stamps) / sizeof(unsigned long long));
   if (cudaMemcpyFromSymbol(host.data(), g_sm90_stamps, sizeof(g_sm90_stamps)) != cudaSuccess) {
     return;
