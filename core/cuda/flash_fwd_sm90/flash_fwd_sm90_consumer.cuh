@@ -174,14 +174,14 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     on_scores(e + 1 == count ? ln : 1);
     // K(e) read (or not needed).
     MbarArriveClusterLanes<kClusterM>(sm.bar_empty + 8 * stage, ln);
-    // The softmax of S(e) in two halves around the P V wait, as FlashAttention-4's sm90 loop
-    // has it: the row maxima (and O's factors) under the P V GEMM, the exponentials after its
-    // wait, so that the P packing (whose registers the in-flight GEMM still reads) interleaves
-    // with them and the tile ends on its last exponential instead of on 32 conversions after
-    // it. (Measured on an H200, nine interleaved reps, bench/results/
-    // h200x2-2026-11-28-kernel7/ab-ew and ab-hy: causal 2.0%, D = 64 1.2-1.6% faster, dense
-    // and 90% skipped level, local_window 99% skipped 1.6% slower, random 99% level. The
-    // exponentials before the wait at tile 0 only changed nothing measurable.)
+    // The softmax of S(e) in two halves around the P V wait, as FA4's sm90 SASS runs it (its
+    // source takes the exponentials before the wait; ptxas leaves ~9 of 64 there): the row
+    // maxima (and O's factors) under the P V GEMM, the exponentials after its wait, so that the
+    // P packing (registers the in-flight GEMM still reads) interleaves with them. (H200, nine
+    // interleaved reps, h200x2-2026-11-28-kernel7/ab-ew, ab-hy: causal 2.0%, D = 64 1.2-1.6%
+    // faster, local_window 99% 1.6% slower, the rest level; again on this kernel,
+    // h200-2026-11-29-kernel16/c-order, h-split: all 64 before the wait 3% slower at 176-key
+    // tiles, 16 before it within 1.5% either way, nothing faster at 90% or 99% skipped.)
     float alpha[2] = {1.f, 1.f};
     float scaled_max[2] = {0.f, 0.f};
     if (work) {

@@ -1,0 +1,25 @@
+// The instruction rates behind the flash kernels' softmax step, measured on one GPU: how many SM
+// cycles one warp instruction of each kind costs an SM sub-partition (the unit four warp
+// schedulers split an SM into), alone and in the mixes the exponential phase issues.
+#ifndef ATTNSERVE_BENCH_CUDA_SFU_PIPES_H_
+#define ATTNSERVE_BENCH_CUDA_SFU_PIPES_H_
+
+#include <string>
+#include <vector>
+
+namespace attnserve::bench {
+
+struct SfuRow {
+  std::string name;      // what one unit of the row is (e.g. "ex2 + fadd")
+  int warps_per_smsp;    // warps resident on each sub-partition while it runs
+  int chains;            // independent dependency chains per warp (0: throughput rows)
+  double cycles;         // SM cycles per unit and sub-partition (clock64 over the whole loop)
+};
+
+// Runs every row on device `device` (one CTA per SM). Returns the rows, or an empty vector with
+// `error` set when a CUDA call failed.
+std::vector<SfuRow> RunSfuRows(int device, std::string* error);
+
+}  // namespace attnserve::bench
+
+#endif  // ATTNSERVE_BENCH_CUDA_SFU_PIPES_H_
