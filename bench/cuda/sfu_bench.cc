@@ -4,8 +4,10 @@
 //
 // Throughput rows run eight independent chains per warp with one, two and four warps on each of
 // an SM's four sub-partitions; latency rows run one warp with 1 .. 6 dependent ex2 + add chains,
-// the distance (in exponentials) between an exponential and the add that reads it. What the
-// rows showed on an H200 is in docs/BENCHMARKS.md ("The exponential phase").
+// the distance (in exponentials) between an exponential and the add that reads it. On Hopper,
+// the last rows run one warpgroup's exponentials or FMAs next to a second warpgroup issuing
+// wgmma (as the flash kernel's two consumer warpgroups do), with the wgmma's cycles meanwhile.
+// What the rows showed on an H200: docs/BENCHMARKS.md, second session of 2026-11-29.
 //
 //   attnbench_sfu [--device 0] [--json-out FILE]
 // Exit code: 0 on success, 1 on any error (no CUDA device visible included).
@@ -54,12 +56,15 @@ absl::Status Main() {
   std::string error;
   const std::vector<SfuRow> rows = RunSfuRows(ordinal, &error);
   if (rows.empty()) return absl::InternalError(absl::StrCat("CUDA: ", error));
-  std::printf("attnbench_sfu: %s\n\n| unit | warps / sub-partition | chains | cycles |\n"
-              "|---|---|---|---|\n",
-              device.c_str());
+  std::printf(
+      "attnbench_sfu: %s\n\n| unit | warps / sub-partition | chains | cycles | next to wgmma | "
+      "cycles per wgmma |\n|---|---|---|---|---|---|\n",
+      device.c_str());
   for (const SfuRow& r : rows) {
-    std::printf("| %s | %d | %s | %.2f |\n", r.name.c_str(), r.warps_per_smsp,
-                r.chains == 0 ? "8 (throughput)" : std::to_string(r.chains).c_str(), r.cycles);
+    std::printf("| %s | %d | %s | %.2f | %s | %s |\n", r.name.c_str(), r.warps_per_smsp,
+                r.chains == 0 ? "8 (throughput)" : std::to_string(r.chains).c_str(), r.cycles,
+                r.neighbour.empty() ? "-" : r.neighbour.c_str(),
+                r.neighbour.empty() ? "-" : absl::StrFormat("%.1f", r.wgmma_cycles).c_str());
   }
   std::fflush(stdout);
   const std::string path = absl::GetFlag(FLAGS_json_out);
@@ -74,7 +79,9 @@ absl::Status Main() {
                    .Set("name", r.name)
                    .Set("warps_per_smsp", r.warps_per_smsp)
                    .Set("chains", r.chains)
-                   .Set("cycles", r.cycles));
+                   .Set("cycles", r.cycles)
+                   .Set("next_to_wgmma", r.neighbour)
+                   .Set("cycles_per_wgmma", r.wgmma_cycles));
     }
     j.Set("rows", std::move(out));
     ATTN_RETURN_IF_ERROR(WriteJsonOut(path, j));

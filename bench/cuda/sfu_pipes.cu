@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_utils.cuh"
+#include "core/cuda/flash_fwd_sm90/wgmma_ops.h"
+
 namespace attnserve::bench {
 namespace {
 
@@ -89,14 +92,96 @@ __global__ void SfuLoop(float* out, long long* cycles, int iters) {
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 }
 
+// Warpgroup 0 runs eight chains of kMode (kEx2 or kFfma) for `iters` rounds and times them;
+// warpgroup 1 meanwhile issues wgmma m64n128k16 (bf16, f32 accumulators) in commit groups of 8,
+// waiting for each group: kRs = false both operands from shared memory (64 KB of bf16 values),
+// true A from registers; it times its first kTimedGroups groups, and runs kGroups in all so
+// that it outlasts warpgroup 0 (about 200k cycles against 300k and more).
+constexpr int kTimedGroups = 300;
+constexpr int kWgmmaSmem = 65536;
+template <int kMode, bool kRs>
+__global__ void __launch_bounds__(256) NextToWgmma(float* out, long long* cycles,
+                                                   long long* wgmma_cycles, int iters) {
+#if ATTNSERVE_FLASH_SM90_DEVICE
+  extern __shared__ __align__(1024) unsigned char smem[];
+  for (int i = threadIdx.x; i < kWgmmaSmem / 4; i += blockDim.x) {  // bf16 pairs in [0.5, 2)
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ ((i * 2654435761u) & 0x007f007fu);
+  }
+  flash_sm90::FenceProxyAsyncShared();
+  __syncthreads();
+  if (threadIdx.x >= 128) {
+    constexpr int kGroups = 1500;
+    const uint32_t base = flash_sm90::SmemAddr(smem);
+    const uint64_t da = flash_sm90::MakeDesc(base, 16, 1024);
+    const uint64_t db = flash_sm90::MakeDesc(base + 16384, 16, 1024);
+    const uint32_t a[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    const long long t0 = clock64();
+    long long t1 = t0;
+    for (int g = 0; g < kGroups; ++g) {
+      flash_sm90::WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if constexpr (kRs) {
+          flash_sm90::Wgmma<128, true>::Rs(acc, a, flash_sm90::DescAdd(db, k * 256), 1);
+        } else {
+          flash_sm90::Wgmma<128, true>::Ss(acc, flash_sm90::DescAdd(da, k * 2),
+                                           flash_sm90::DescAdd(db, k * 64), 1);
+        }
+      }
+      flash_sm90::WgmmaCommit();
+      flash_sm90::WgmmaWait<0>();
+      if (g + 1 == kTimedGroups) t1 = clock64();
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += acc[i];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+    if (threadIdx.x == 128) wgmma_cycles[blockIdx.x] = t1 - t0;
+    return;
+  }
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = -1e-3f * static_cast<float>(threadIdx.x + i + 1);
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if constexpr (kMode == kEx2) {
+        v[i] = Ex2(v[i]) - 1.5f;
+      } else {
+        v[i] = fmaf(v[i], 0.999f, -0.001f);
+        v[i] = fmaf(v[i], 0.999f, -0.001f);
+      }
+    }
+  }
+  const long long t1 = clock64();
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s += v[i];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+#endif
+}
+
 struct Buffers {
   float* out = nullptr;
   long long* cycles = nullptr;
+  long long* wgmma_cycles = nullptr;
   ~Buffers() {
     cudaFree(out);
     cudaFree(cycles);
+    cudaFree(wgmma_cycles);
   }
 };
+
+double MeanOf(const std::vector<long long>& v) {
+  double m = 0;
+  for (long long c : v) m += static_cast<double>(c);
+  return v.empty() ? 0 : m / static_cast<double>(v.size());
+}
 
 template <int kMode, int kChains>
 bool Row(const char* name, int warps, int chains_reported, int sms, Buffers& b,
@@ -114,10 +199,40 @@ bool Row(const char* name, int warps, int chains_reported, int sms, Buffers& b,
     *error = std::string(name) + ": " + cudaGetErrorString(err);
     return false;
   }
-  double mean = 0;
-  for (long long c : host) mean += static_cast<double>(c);
-  mean /= sms;
-  rows.push_back({name, warps, chains_reported, mean / (double{kIters} * kChains * warps)});
+  rows.push_back(
+      {name, warps, chains_reported, MeanOf(host) / (double{kIters} * kChains * warps), "", 0});
+  return true;
+}
+
+// One warp per sub-partition runs kMode next to a warpgroup issuing wgmma (kRs: A from
+// registers); or, with `name` "-", the wgmma warpgroup alone.
+template <int kMode, bool kRs>
+bool WgmmaRow(const char* name, int sms, Buffers& b, std::vector<SfuRow>& rows,
+              std::string* error) {
+  const int iters = kMode == kFfma ? 16384 : 4096;  // warpgroup 0 outlasts the timed groups
+  const bool alone = std::string(name) == "-";
+  auto* kernel = NextToWgmma<kMode, kRs>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem);
+  if (err == cudaSuccess) {
+    kernel<<<sms, 256, kWgmmaSmem>>>(b.out, b.cycles, b.wgmma_cycles, alone ? 0 : iters);
+    err = cudaDeviceSynchronize();
+  }
+  std::vector<long long> exp_cycles(sms), wgmma_cycles(sms);
+  if (err == cudaSuccess) {
+    err = cudaMemcpy(exp_cycles.data(), b.cycles, sizeof(long long) * sms,
+                     cudaMemcpyDeviceToHost);
+  }
+  if (err == cudaSuccess) {
+    err = cudaMemcpy(wgmma_cycles.data(), b.wgmma_cycles, sizeof(long long) * sms,
+                     cudaMemcpyDeviceToHost);
+  }
+  if (err != cudaSuccess) {
+    *error = std::string("next to wgmma: ") + cudaGetErrorString(err);
+    return false;
+  }
+  rows.push_back({name, 1, 0, alone ? 0 : MeanOf(exp_cycles) / (double{iters} * 8),
+                  kRs ? "RS" : "SS", MeanOf(wgmma_cycles) / (double{kTimedGroups} * 8)});
   return true;
 }
 
@@ -131,6 +246,11 @@ std::vector<SfuRow> RunSfuRows(int device, std::string* error) {
   Buffers b;
   if (err == cudaSuccess) err = cudaMalloc(&b.out, sizeof(float) * sms * 512);
   if (err == cudaSuccess) err = cudaMalloc(&b.cycles, sizeof(long long) * sms);
+  if (err == cudaSuccess) err = cudaMalloc(&b.wgmma_cycles, sizeof(long long) * sms);
+  int major = 0;
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
   if (err != cudaSuccess) {
     *error = cudaGetErrorString(err);
     return {};
@@ -151,6 +271,16 @@ std::vector<SfuRow> RunSfuRows(int device, std::string* error) {
   ok = ok && Row<kEx2, 3>("ex2 + fadd", 1, 3, sms, b, rows, error);
   ok = ok && Row<kEx2, 4>("ex2 + fadd", 1, 4, sms, b, rows, error);
   ok = ok && Row<kEx2, 6>("ex2 + fadd", 1, 6, sms, b, rows, error);
+  // Next to wgmma (Hopper): the same units with one warp per sub-partition while the other
+  // warpgroup's GEMMs run, and the GEMMs' own rate alone and with each neighbour.
+  if (major == 9) {
+    ok = ok && WgmmaRow<kEx2, false>("-", sms, b, rows, error);
+    ok = ok && WgmmaRow<kEx2, true>("-", sms, b, rows, error);
+    ok = ok && WgmmaRow<kEx2, false>("ex2 + fadd", sms, b, rows, error);
+    ok = ok && WgmmaRow<kEx2, true>("ex2 + fadd", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFfma, false>("2 ffma", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFfma, true>("2 ffma", sms, b, rows, error);
+  }
   if (!ok) return {};
   return rows;
 }
