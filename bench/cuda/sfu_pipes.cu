@@ -51,15 +51,41 @@ enum Mode : int {
   kEx2Cvt = 3,      // kEx2, plus a conversion of every second pair
   kEx2IntPack = 4,  // kEx2, plus an integer pack of every second pair
   kPoly = 5,        // Exp2Poly, then a dependent add
+  kFadd = 6,        // two dependent adds of register operands
+  kFmnmx = 7,       // a max and a min of register operands (the row maxima's instruction)
+  kFfma3 = 8,       // two dependent FMAs of three register operands
 };
+
+// One unit of kMode on chain value v with per-chain register operands w and u (kFadd, kFmnmx,
+// kFfma3; the other modes ignore them).
+template <int kMode>
+__device__ __forceinline__ void FpUnit(float& v, float& w, float u) {
+  if constexpr (kMode == kFadd) {
+    v = __fadd_rn(v, w);  // not contracted with u's product into an FMA
+    v = __fadd_rn(v, u);
+  } else if constexpr (kMode == kFmnmx) {
+    v = fmaxf(v, w);
+    w = fminf(w, v);
+  } else if constexpr (kMode == kFfma3) {
+    v = fmaf(v, w, u);
+    v = fmaf(v, w, u);
+  } else {
+    v = fmaf(v, 0.999f, -0.001f);
+    v = fmaf(v, 0.999f, -0.001f);
+  }
+}
 
 // kChains independent chains per thread, each `iters` units of kMode.
 template <int kMode, int kChains>
-__global__ void SfuLoop(float* out, long long* cycles, int iters) {
-  float v[kChains];
+__global__ void SfuLoop(float* out, long long* cycles, int iters, float seed) {
+  float v[kChains], w[kChains], u[kChains];
   uint32_t acc = 0;
 #pragma unroll
-  for (int i = 0; i < kChains; ++i) v[i] = -1e-3f * static_cast<float>(threadIdx.x + i + 1);
+  for (int i = 0; i < kChains; ++i) {
+    v[i] = -1e-3f * static_cast<float>(threadIdx.x + i + 1);
+    w[i] = 0.999f - seed * static_cast<float>(i);  // from a kernel argument: registers,
+    u[i] = -seed * static_cast<float>(i + 1);       // not immediates
+  }
   __syncthreads();
   const long long t0 = clock64();
   for (int it = 0; it < iters; ++it) {
@@ -76,9 +102,9 @@ __global__ void SfuLoop(float* out, long long* cycles, int iters) {
       } else if constexpr (kMode == kCvt) {
         const uint32_t r = CvtBf16x2(v[i], v[(i + 1) % kChains]);
         v[i] = __uint_as_float(r & 0xffff0000u) - 0.5f;
-      } else if constexpr (kMode == kFfma) {
-        v[i] = fmaf(v[i], 0.999f, -0.001f);
-        v[i] = fmaf(v[i], 0.999f, -0.001f);
+      } else if constexpr (kMode == kFfma || kMode == kFadd || kMode == kFmnmx ||
+                           kMode == kFfma3) {
+        FpUnit<kMode>(v[i], w[i], u[i]);
       } else {
         v[i] = Exp2Poly(v[i]) - 1.5f;
       }
@@ -87,7 +113,7 @@ __global__ void SfuLoop(float* out, long long* cycles, int iters) {
   const long long t1 = clock64();
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < kChains; ++i) s += v[i];
+  for (int i = 0; i < kChains; ++i) s += v[i] + w[i];
   out[blockIdx.x * blockDim.x + threadIdx.x] = s + static_cast<float>(acc & 1u);
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 }
@@ -101,7 +127,8 @@ constexpr int kTimedGroups = 300;
 constexpr int kWgmmaSmem = 65536;
 template <int kMode, bool kRs>
 __global__ void __launch_bounds__(256) NextToWgmma(float* out, long long* cycles,
-                                                   long long* wgmma_cycles, int iters) {
+                                                   long long* wgmma_cycles, int iters,
+                                                   float seed) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   extern __shared__ __align__(1024) unsigned char smem[];
   for (int i = threadIdx.x; i < kWgmmaSmem / 4; i += blockDim.x) {  // bf16 pairs in [0.5, 2)
@@ -142,9 +169,13 @@ __global__ void __launch_bounds__(256) NextToWgmma(float* out, long long* cycles
     if (threadIdx.x == 128) wgmma_cycles[blockIdx.x] = t1 - t0;
     return;
   }
-  float v[8];
+  float v[8], w[8], u[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = -1e-3f * static_cast<float>(threadIdx.x + i + 1);
+  for (int i = 0; i < 8; ++i) {
+    v[i] = -1e-3f * static_cast<float>(threadIdx.x + i + 1);
+    w[i] = 0.999f - seed * static_cast<float>(i);  // from a kernel argument: registers,
+    u[i] = -seed * static_cast<float>(i + 1);       // not immediates
+  }
   const long long t0 = clock64();
   for (int it = 0; it < iters; ++it) {
 #pragma unroll
@@ -152,15 +183,14 @@ __global__ void __launch_bounds__(256) NextToWgmma(float* out, long long* cycles
       if constexpr (kMode == kEx2) {
         v[i] = Ex2(v[i]) - 1.5f;
       } else {
-        v[i] = fmaf(v[i], 0.999f, -0.001f);
-        v[i] = fmaf(v[i], 0.999f, -0.001f);
+        FpUnit<kMode>(v[i], w[i], u[i]);
       }
     }
   }
   const long long t1 = clock64();
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s += v[i];
+  for (int i = 0; i < 8; ++i) s += v[i] + w[i];
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 #endif
@@ -188,8 +218,8 @@ bool Row(const char* name, int warps, int chains_reported, int sms, Buffers& b,
          std::vector<SfuRow>& rows, std::string* error) {
   constexpr int kIters = 4096;
   const int threads = 128 * warps;  // four sub-partitions per SM: `warps` warps on each
-  SfuLoop<kMode, kChains><<<sms, threads>>>(b.out, b.cycles, 16);  // warm-up
-  SfuLoop<kMode, kChains><<<sms, threads>>>(b.out, b.cycles, kIters);
+  SfuLoop<kMode, kChains><<<sms, threads>>>(b.out, b.cycles, 16, 1e-4f);  // warm-up
+  SfuLoop<kMode, kChains><<<sms, threads>>>(b.out, b.cycles, kIters, 1e-4f);
   cudaError_t err = cudaDeviceSynchronize();
   std::vector<long long> host(sms);
   if (err == cudaSuccess) {
@@ -209,13 +239,13 @@ bool Row(const char* name, int warps, int chains_reported, int sms, Buffers& b,
 template <int kMode, bool kRs>
 bool WgmmaRow(const char* name, int sms, Buffers& b, std::vector<SfuRow>& rows,
               std::string* error) {
-  const int iters = kMode == kFfma ? 16384 : 4096;  // warpgroup 0 outlasts the timed groups
+  const int iters = kMode == kEx2 ? 4096 : 16384;  // warpgroup 0 outlasts the timed groups
   const bool alone = std::string(name) == "-";
   auto* kernel = NextToWgmma<kMode, kRs>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem);
   if (err == cudaSuccess) {
-    kernel<<<sms, 256, kWgmmaSmem>>>(b.out, b.cycles, b.wgmma_cycles, alone ? 0 : iters);
+    kernel<<<sms, 256, kWgmmaSmem>>>(b.out, b.cycles, b.wgmma_cycles, alone ? 0 : iters, 1e-4f);
     err = cudaDeviceSynchronize();
   }
   std::vector<long long> exp_cycles(sms), wgmma_cycles(sms);
@@ -265,6 +295,9 @@ std::vector<SfuRow> RunSfuRows(int device, std::string* error) {
     ok = ok && Row<kEx2IntPack, 8>("ex2 + fadd, integer pack per 2", w, 0, sms, b, rows, error);
     ok = ok && Row<kPoly, 8>("polynomial exp2 + fadd", w, 0, sms, b, rows, error);
   }
+  ok = ok && Row<kFfma3, 8>("2 ffma, 3 register operands", 1, 0, sms, b, rows, error);
+  ok = ok && Row<kFadd, 8>("2 fadd", 1, 0, sms, b, rows, error);
+  ok = ok && Row<kFmnmx, 8>("fmnmx max + min", 1, 0, sms, b, rows, error);
   // Latency: one warp per sub-partition, `chains` dependent ex2 + fadd chains in flight.
   ok = ok && Row<kEx2, 1>("ex2 + fadd", 1, 1, sms, b, rows, error);
   ok = ok && Row<kEx2, 2>("ex2 + fadd", 1, 2, sms, b, rows, error);
@@ -280,6 +313,12 @@ std::vector<SfuRow> RunSfuRows(int device, std::string* error) {
     ok = ok && WgmmaRow<kEx2, true>("ex2 + fadd", sms, b, rows, error);
     ok = ok && WgmmaRow<kFfma, false>("2 ffma", sms, b, rows, error);
     ok = ok && WgmmaRow<kFfma, true>("2 ffma", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFfma3, false>("2 ffma, 3 register operands", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFfma3, true>("2 ffma, 3 register operands", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFadd, false>("2 fadd", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFadd, true>("2 fadd", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFmnmx, false>("fmnmx max + min", sms, b, rows, error);
+    ok = ok && WgmmaRow<kFmnmx, true>("fmnmx max + min", sms, b, rows, error);
   }
   if (!ok) return {};
   return rows;
