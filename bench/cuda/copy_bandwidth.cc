@@ -42,6 +42,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/cuda/open_device.h"
 #include "bench/harness/flags.h"
 #include "bench/harness/rank_threads.h"
 #include "bench/harness/run_record.h"
@@ -400,35 +401,9 @@ Json ResultJson(const Flags& f, const std::string& device, const std::vector<Row
   return j;
 }
 
-absl::StatusOr<std::string> OpenDevice(int ordinal) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::UnavailableError(absl::StrCat(
-        "no CUDA device visible (cudaGetDeviceCount: ",
-        err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), "); this bench needs a GPU"));
-  }
-  if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: ", ordinal, " is not in [0, ", count, ")"));
-  }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-  cudaDeviceProp prop;
-  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
-  char bus[32] = {0};
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, sizeof(bus), ordinal));
-  int runtime = 0, driver = 0;
-  cudaRuntimeGetVersion(&runtime);
-  cudaDriverGetVersion(&driver);
-  return absl::StrFormat("%s (GPU %d, PCI %s; CUDA runtime %d.%d, driver %d.%d)", prop.name,
-                         ordinal, bus, runtime / 1000, runtime % 1000 / 10, driver / 1000,
-                         driver % 1000 / 10);
-}
-
 absl::Status Main() {
   ATTN_ASSIGN_OR_RETURN(const Flags f, ReadFlags());
-  ATTN_ASSIGN_OR_RETURN(const std::string device, OpenDevice(f.device));
+  ATTN_ASSIGN_OR_RETURN(const std::string device, OpenCudaDevice(f.device));
   std::printf(
       "attnbench_copy: %s\n  best of %d after %d warmup; sizes %s; chunked %s in %s "
       "pieces, %d staging buffers, %d streams\n",

@@ -11,8 +11,6 @@
 //
 //   attnbench_sfu [--device 0] [--json-out FILE]
 // Exit code: 0 on success, 1 on any error (no CUDA device visible included).
-#include <cuda_runtime.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -21,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/cuda/open_device.h"
 #include "bench/cuda/sfu_pipes.h"
 #include "bench/harness/flags.h"
 #include "bench/harness/run_record.h"
@@ -39,20 +38,7 @@ constexpr char kUsage[] =
 
 absl::Status Main() {
   const int ordinal = absl::GetFlag(FLAGS_device);
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::UnavailableError("no CUDA device visible; this bench needs a GPU");
-  }
-  if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: ", ordinal, " is not in [0, ", count, ")"));
-  }
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
-    return absl::InternalError("cudaGetDeviceProperties failed");
-  }
-  const std::string device = absl::StrFormat("%s (GPU %d)", prop.name, ordinal);
+  ATTN_ASSIGN_OR_RETURN(const std::string device, OpenCudaDevice(ordinal));
   std::string error;
   const std::vector<SfuRow> rows = RunSfuRows(ordinal, &error);
   if (rows.empty()) return absl::InternalError(absl::StrCat("CUDA: ", error));
