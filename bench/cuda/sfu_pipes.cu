@@ -47,7 +47,7 @@ __device__ __forceinline__ float Exp2Poly(float x) {
 enum Mode : int {
   kEx2 = 0,         // ex2, then a dependent add
   kCvt = 1,         // bf16x2 conversion, a mask and an add (the result fed back)
-  kFfma = 2,        // two dependent FMAs
+  kFfma = 2,        // two dependent FMAs (with a register and an immediate)
   kEx2Cvt = 3,      // kEx2, plus a conversion of every second pair
   kEx2IntPack = 4,  // kEx2, plus an integer pack of every second pair
   kPoly = 5,        // Exp2Poly, then a dependent add
@@ -118,11 +118,12 @@ __global__ void SfuLoop(float* out, long long* cycles, int iters, float seed) {
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 }
 
-// Warpgroup 0 runs eight chains of kMode (kEx2 or kFfma) for `iters` rounds and times them;
-// warpgroup 1 meanwhile issues wgmma m64n128k16 (bf16, f32 accumulators) in commit groups of 8,
-// waiting for each group: kRs = false both operands from shared memory (64 KB of bf16 values),
-// true A from registers; it times its first kTimedGroups groups, and runs kGroups in all so
-// that it outlasts warpgroup 0 (about 200k cycles against 300k and more).
+// Warpgroup 0 runs eight chains of kMode (kEx2 or an FpUnit mode) for `iters` rounds and times
+// them; warpgroup 1 meanwhile issues wgmma m64n128k16 (bf16, f32 accumulators) in commit groups
+// of 8, waiting for each group: kRs = false both operands from shared memory (64 KB of bf16
+// values), true A from registers. It times its first kTimedGroups groups, which end inside
+// warpgroup 0's loop (at most ~510k cycles against ~390k-1M of that loop on an H200), and runs
+// 1500 in all, so that warpgroup 0 never runs alone.
 constexpr int kTimedGroups = 300;
 constexpr int kWgmmaSmem = 65536;
 template <int kMode, bool kRs>
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(256) NextToWgmma(float* out, long long* cycles
                                                    float seed) {
 #if ATTNSERVE_FLASH_SM90_DEVICE
   extern __shared__ __align__(1024) unsigned char smem[];
-  for (int i = threadIdx.x; i < kWgmmaSmem / 4; i += blockDim.x) {  // bf16 pairs in [0.5, 2)
+  for (int i = threadIdx.x; i < kWgmmaSmem / 4; i += blockDim.x) {  // bf16 in [2^-7, 2^-6)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ ((i * 2654435761u) & 0x007f007fu);
   }
   flash_sm90::FenceProxyAsyncShared();
@@ -220,7 +221,8 @@ bool Row(const char* name, int warps, int chains_reported, int sms, Buffers& b,
   const int threads = 128 * warps;  // four sub-partitions per SM: `warps` warps on each
   SfuLoop<kMode, kChains><<<sms, threads>>>(b.out, b.cycles, 16, 1e-4f);  // warm-up
   SfuLoop<kMode, kChains><<<sms, threads>>>(b.out, b.cycles, kIters, 1e-4f);
-  cudaError_t err = cudaDeviceSynchronize();
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
   std::vector<long long> host(sms);
   if (err == cudaSuccess) {
     err = cudaMemcpy(host.data(), b.cycles, sizeof(long long) * sms, cudaMemcpyDeviceToHost);
@@ -245,8 +247,10 @@ bool WgmmaRow(const char* name, int sms, Buffers& b, std::vector<SfuRow>& rows,
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem);
   if (err == cudaSuccess) {
-    kernel<<<sms, 256, kWgmmaSmem>>>(b.out, b.cycles, b.wgmma_cycles, alone ? 0 : iters, 1e-4f);
-    err = cudaDeviceSynchronize();
+    kernel<<<sms, 256, kWgmmaSmem>>>(b.out, b.cycles, b.wgmma_cycles, alone ? 0 : iters,
+                                     1e-4f);
+    err = cudaGetLastError();
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
   }
   std::vector<long long> exp_cycles(sms), wgmma_cycles(sms);
   if (err == cudaSuccess) {
@@ -272,7 +276,9 @@ std::vector<SfuRow> RunSfuRows(int device, std::string* error) {
   std::vector<SfuRow> rows;
   int sms = 0;
   cudaError_t err = cudaSetDevice(device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
   Buffers b;
   if (err == cudaSuccess) err = cudaMalloc(&b.out, sizeof(float) * sms * 512);
   if (err == cudaSuccess) err = cudaMalloc(&b.cycles, sizeof(long long) * sms);
