@@ -237,12 +237,11 @@ bool Row(const char* name, int warps, int chains_reported, int sms, Buffers& b,
 }
 
 // One warp per sub-partition runs kMode next to a warpgroup issuing wgmma (kRs: A from
-// registers); or, with `name` "-", the wgmma warpgroup alone.
+// registers); or, with `alone`, the wgmma warpgroup by itself (the row's unit is "-").
 template <int kMode, bool kRs>
-bool WgmmaRow(const char* name, int sms, Buffers& b, std::vector<SfuRow>& rows,
+bool WgmmaRow(const char* name, bool alone, int sms, Buffers& b, std::vector<SfuRow>& rows,
               std::string* error) {
   const int iters = kMode == kEx2 ? 4096 : 16384;  // warpgroup 0 outlasts the timed groups
-  const bool alone = std::string(name) == "-";
   auto* kernel = NextToWgmma<kMode, kRs>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem);
@@ -265,9 +264,18 @@ bool WgmmaRow(const char* name, int sms, Buffers& b, std::vector<SfuRow>& rows,
     *error = std::string("next to wgmma: ") + cudaGetErrorString(err);
     return false;
   }
-  rows.push_back({name, 1, 0, alone ? 0 : MeanOf(exp_cycles) / (double{iters} * 8),
-                  kRs ? "RS" : "SS", MeanOf(wgmma_cycles) / (double{kTimedGroups} * 8)});
+  rows.push_back({alone ? "-" : name, 1, 0,
+                  alone ? 0 : MeanOf(exp_cycles) / (double{iters} * 8), kRs ? "RS" : "SS",
+                  MeanOf(wgmma_cycles) / (double{kTimedGroups} * 8)});
   return true;
+}
+
+// The SS row, then the RS row, of kMode next to wgmma (or of the wgmma alone).
+template <int kMode>
+bool WgmmaRows(const char* name, bool alone, int sms, Buffers& b, std::vector<SfuRow>& rows,
+               std::string* error) {
+  return WgmmaRow<kMode, false>(name, alone, sms, b, rows, error) &&
+         WgmmaRow<kMode, true>(name, alone, sms, b, rows, error);
 }
 
 }  // namespace
@@ -313,18 +321,12 @@ std::vector<SfuRow> RunSfuRows(int device, std::string* error) {
   // Next to wgmma (Hopper): the same units with one warp per sub-partition while the other
   // warpgroup's GEMMs run, and the GEMMs' own rate alone and with each neighbour.
   if (major == 9) {
-    ok = ok && WgmmaRow<kEx2, false>("-", sms, b, rows, error);
-    ok = ok && WgmmaRow<kEx2, true>("-", sms, b, rows, error);
-    ok = ok && WgmmaRow<kEx2, false>("ex2 + fadd", sms, b, rows, error);
-    ok = ok && WgmmaRow<kEx2, true>("ex2 + fadd", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFfma, false>("2 ffma", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFfma, true>("2 ffma", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFfma3, false>("2 ffma, 3 register operands", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFfma3, true>("2 ffma, 3 register operands", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFadd, false>("2 fadd", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFadd, true>("2 fadd", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFmnmx, false>("fmnmx max + min", sms, b, rows, error);
-    ok = ok && WgmmaRow<kFmnmx, true>("fmnmx max + min", sms, b, rows, error);
+    ok = ok && WgmmaRows<kEx2>("", /*alone=*/true, sms, b, rows, error);
+    ok = ok && WgmmaRows<kEx2>("ex2 + fadd", false, sms, b, rows, error);
+    ok = ok && WgmmaRows<kFfma>("2 ffma", false, sms, b, rows, error);
+    ok = ok && WgmmaRows<kFfma3>("2 ffma, 3 register operands", false, sms, b, rows, error);
+    ok = ok && WgmmaRows<kFadd>("2 fadd", false, sms, b, rows, error);
+    ok = ok && WgmmaRows<kFmnmx>("fmnmx max + min", false, sms, b, rows, error);
   }
   if (!ok) return {};
   return rows;
