@@ -50,7 +50,7 @@ void FillOutsideMask(BlockMask kind, const IntervalRule& rule, int64_t q_pos, in
       hi = std::min(hi, qpos + 1);
     } else {
       lo = std::max(lo, rule.Lo(qpos));
-      hi = std::min(hi, rule.Hi(qpos) + 1);
+      hi = std::min(hi - 1, rule.Hi(qpos)) + 1;  // Hi may be INT64_MAX: no + 1 on it
     }
     float* row = tile + r * ld + col0;
     if (hi <= lo) {

@@ -110,6 +110,30 @@ TEST(ContextParallelTest, ShardPartialsMergeToTheWholeReference) {
   }
 }
 
+// A shard far into a long sequence: positions past 2^61 (kv_total up to the validator's 2^62)
+// admit the same keys as near 0; the CPU backend matches the reference there.
+TEST(ContextParallelTest, ShardsFarIntoTheSequenceMatchTheReference) {
+  const uint64_t seed = FreshSeed();
+  const AttentionShape shape{1, 24, 2, 1, 16, 40};
+  const testing::QkvInputs in = MakeRandomInputs(shape, DType::kF32, seed);
+  for (const int64_t total : {(int64_t{1} << 61) + 1000, int64_t{1} << 62}) {
+    for (AttentionSpec spec : Specs()) {
+      spec.kv_total = total;
+      spec.k_offset = total - 140;
+      spec.q_offset = spec.k_offset + 20;  // causal: the first queries see half the keys
+      SCOPED_TRACE(absl::StrCat(std::string(PatternName(spec.pattern)),
+                                spec.causal ? " causal" : "", " kv_total=", total,
+                                " seed=", seed));
+      ASSERT_TRUE(ValidateSpec(spec, shape).ok()) << ValidateSpec(spec, shape);
+      auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      auto cpu = CpuAttention(spec, in.q, in.k, in.v);
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      EXPECT_TRUE(MatchesReference(*ref, cpu->o, &cpu->lse, DType::kF32));
+    }
+  }
+}
+
 TEST(ContextParallelTest, RowsNoShardAdmitsStayEmpty) {
   // Window 0, causal, queries after every key: no row admits anything.
   const AttentionShape shape{1, 3, 2, 1, 8, 50};

@@ -32,7 +32,9 @@ struct IntervalRule {
   // sequence length. Not owned: must outlive every use of the rule.
   const std::vector<int64_t>* segment_starts = nullptr;
 
-  int64_t Lo(int64_t i) const;  // may be <= i - window etc.; callers clamp to their key range
+  // The admitted keys of query position i are [Lo(i), Hi(i)]: INT64_MIN / INT64_MAX where no
+  // bound applies (never do arithmetic on them unclamped); callers clamp to their key range.
+  int64_t Lo(int64_t i) const;
   int64_t Hi(int64_t i) const;
   bool Admits(int64_t i, int64_t k) const { return k >= Lo(i) && k <= Hi(i); }
 };
