@@ -24,8 +24,9 @@ struct OutputBase {
 };
 __device__ __forceinline__ OutputBase MakeOutputBase(const FlashFwdParams& p, int y, int z) {
   const int head = p.head_start + y * p.head_step;
-  const int batch = z / p.num_segs;
-  const int seg = z % p.num_segs;
+  // (No integer division in the common case: one segment per batch.)
+  const int batch = p.num_segs == 1 ? z : z / p.num_segs;
+  const int seg = p.num_segs == 1 ? 0 : z % p.num_segs;
   return {batch * p.o_batch_stride + seg * p.o_seg_stride + head * p.o_head_stride,
           p.lse + batch * p.lse_batch_stride + seg * p.lse_seg_stride + head * p.lse_head_stride};
 }
@@ -63,6 +64,15 @@ __device__ __forceinline__ bool OutputVectorOk(const FlashFwdParams& p) {
   return (bits & 15) == 0;
 }
 
+// 1 / l and log(l) by one MUFU each (approximate, ~1 ulp; l >= 1 for a row with a key, its
+// largest term being exp2(0)) rather than IEEE 1 / l and logf, ~40 instructions per row behind
+// branches that kept ptxas from overlapping the two rows. H200, seven interleaved reps
+// (bench/results/h200-2026-11-29-kernel17): 99% of block pairs skipped 1.5-1.6% faster in every
+// rep (random and local_window), 90% and D = 64 level. At 176-key tiles (D = 128 dense and
+// causal, where the epilogue is <1% of the time) ptxas reordered the loop around the shorter
+// epilogue and dense ran 0.3% slower over 200 back-to-back calls: they keep the IEEE forms.
+constexpr bool FastEpilogueMath(int key_tile) { return key_tile == 128; }
+
 // Finishes the denominators over each quad and writes the thread's two rows (my_row0 + 8 h) of
 // O (64, kHeadDim) and their LSE: with vector_ok (OutputVectorOk) in 16-byte stores, otherwise
 // (rows not 16-byte aligned, or accumulate mode) a word or a float2 at a time. Rows past the
@@ -91,12 +101,14 @@ __device__ __forceinline__ void StoreOutput(const FlashFwdParams& p,
   }
   __syncwarp();  // the quad's t == 0 lane rewrites the LSE the other three lanes just read
   // Row h's 1 / l (0 for a row with no admissible key: empty) and its natural-log LSE.
+  constexpr bool kFast = FastEpilogueMath(kBlock);
   auto row_inv = [&](int h, bool& empty) {
     empty = !(row_l[h] > 0.f);
-    return empty ? 0.f : 1.f / row_l[h];
+    return empty ? 0.f : (kFast ? __fdividef(1.f, row_l[h]) : 1.f / row_l[h]);
   };
   auto row_lse = [&](int h, bool empty) {
-    return empty ? -INFINITY : softmax.row_max[h] * p.scale + logf(row_l[h]);
+    return empty ? -INFINITY
+                 : softmax.row_max[h] * p.scale + (kFast ? __logf(row_l[h]) : logf(row_l[h]));
   };
   if (!p.accumulate && vector_ok) {
     // Each quad transposes its row's 16 words in groups of four, so that lane t holds the 8
