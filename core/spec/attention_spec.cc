@@ -175,9 +175,11 @@ absl::Status ValidateKeyShard(const AttentionSpec& spec, const AttentionShape& s
   if (IsPacked(spec)) {
     return Invalid("spec.kv_total", "must be 0 with packed sequences (cu_seqlens)");
   }
-  constexpr int64_t kMaxPosition = int64_t{1} << 62;
+  // Every position then stays below 2^61 (q_offset <= kv_total, tokens < 2^60), so a position
+  // difference plus a window clamped to the problem (the kernels' bounds) fits in int64.
+  constexpr int64_t kMaxPosition = int64_t{1} << 60;
   if (spec.kv_total > kMaxPosition) {
-    return Invalid("spec.kv_total", absl::StrCat("must be <= 2^62, got ", spec.kv_total));
+    return Invalid("spec.kv_total", absl::StrCat("must be <= 2^60, got ", spec.kv_total));
   }
   if (spec.k_offset < 0 || spec.k_offset > spec.kv_total - shape.kv_len()) {
     return Invalid("spec.k_offset",

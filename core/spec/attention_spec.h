@@ -73,7 +73,7 @@ struct AttentionSpec {
   // each device attends the queries to its own rows): key row j sits at position k_offset + j of
   // a sequence of kv_total keys, so 0 <= k_offset, k_offset + kv_len <= kv_total, and the queries
   // follow the whole sequence's rule 0 <= q_offset <= kv_total. kv_total 0: the keys are the whole
-  // sequence (k_offset 0). Dense and window specs only (block_sparse and dilated are defined over
+  // sequence (k_offset 0); kv_total <= 2^60. Dense and window specs only (block_sparse and dilated are defined over
   // the whole sequence's blocks and segments: UNIMPLEMENTED), never packed.
   int64_t k_offset = 0;
   int64_t kv_total = 0;

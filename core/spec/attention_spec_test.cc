@@ -126,6 +126,20 @@ void AddNonSquareCases(std::vector<InvalidCase>& cases) {
       AttentionShape{1, 1000, 8, 8, 64, 1200}, "spec.block_sparse.csr.row_ptr",
       "spec.block_sparse.csr.row_ptr: has 9 entries, expected num_blocks + 1 = 6 (600 tokens at "
       "block_size 128)");
+  // Key shards: 1500 keys at positions k_offset.. of a sequence of kv_total.
+  const auto shard = [&](int64_t k_offset, int64_t kv_total) {
+    AttentionSpec s = Spec(DenseSpec{}, true);
+    s.k_offset = k_offset;
+    s.kv_total = kv_total;
+    return s;
+  };
+  add("shard_k_offset_without_kv_total", shard(10, 0), rect, "spec.k_offset");
+  add("shard_k_offset_negative", shard(-1, 4000), rect, "spec.k_offset");
+  add("shard_keys_past_the_sequence", shard(2501, 4000), rect, "spec.k_offset",
+      "spec.k_offset: must be in [0, kv_total - kv_len = 2500] (the keys inside the 4000 of the "
+      "sequence), got 2501");
+  add("shard_sequence_too_long", shard(0, (int64_t{1} << 60) + 1), rect, "spec.kv_total",
+      "spec.kv_total: must be <= 2^60, got 1152921504606846977");
 }
 
 std::vector<InvalidCase> InvalidCases() {
@@ -337,6 +351,12 @@ TEST(ValidateSpecTest, AcceptsOffsetsAndPackedSequences) {
   csr.cu_seqlens_k = {0, 0, 30, 1030, 2030};
   const AttentionShape packed{1, 999, 8, 8, 64, 2030};
   EXPECT_TRUE(ValidateSpec(csr, packed).ok()) << ValidateSpec(csr, packed);
+  // Key shards up to the longest sequence allowed (2^60 positions), queries at its end.
+  AttentionSpec shard = Spec(WindowSpec{100}, true);
+  shard.kv_total = int64_t{1} << 60;
+  shard.k_offset = shard.kv_total - 4097;
+  shard.q_offset = shard.kv_total;
+  EXPECT_TRUE(ValidateSpec(shard, decode).ok()) << ValidateSpec(shard, decode);
 }
 
 TEST(ValidateSpecTest, IsSquareAndPatternExtent) {

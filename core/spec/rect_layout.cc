@@ -7,8 +7,8 @@
 
 namespace attnserve {
 
-// No bound is the type's extreme: a key shard's positions reach 2^62 + tokens (ValidateSpec), so
-// any smaller stand-in for "unbounded" would cut real keys off. Window ends saturate instead.
+// No bound is the type's extreme, not a stand-in such as INT64_MAX / 4 that a position could pass
+// (a key shard's reach 2^60 + tokens); window ends saturate instead.
 int64_t IntervalRule::Lo(int64_t i) const {
   int64_t lo = std::numeric_limits<int64_t>::min();
   if (window && i >= lo + *window) lo = i - *window;
@@ -22,7 +22,7 @@ int64_t IntervalRule::Lo(int64_t i) const {
 int64_t IntervalRule::Hi(int64_t i) const {
   int64_t hi = std::numeric_limits<int64_t>::max();
   if (causal) hi = std::min(hi, i);
-  if (window && i <= hi - *window) hi = std::min(hi, i + *window);
+  if (window && i <= hi - *window) hi = i + *window;
   if (segment_starts != nullptr) {
     auto it = std::upper_bound(segment_starts->begin(), segment_starts->end(), i);
     if (it != segment_starts->end()) hi = std::min(hi, *it - 1);

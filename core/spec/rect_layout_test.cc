@@ -1,6 +1,8 @@
 #include "core/spec/rect_layout.h"
 
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/spec/attention_spec.h"
@@ -102,6 +104,34 @@ TEST(RectLayoutFromRuleTest, AdmittedPairsMatchTheRule) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// Positions next to INT64_MAX (and windows up to it): "no bound" is the type's extreme, so the
+// layout keeps exactly the pairs the rule admits there too (a stand-in of INT64_MAX / 4 for "no
+// bound" dropped every key past it). The count below is written from the definition, not Admits.
+TEST(RectLayoutFromRuleTest, PositionsNearInt64MaxKeepTheirKeys) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const int64_t base : {(int64_t{1} << 61) + 3, kMax - 100}) {
+    for (const bool causal : {false, true}) {
+      for (const std::optional<int64_t> window : {std::optional<int64_t>{}, std::optional{int64_t{5}},
+                                                  std::optional{kMax}}) {
+        IntervalRule rule;
+        rule.causal = causal;
+        rule.window = window;
+        const int64_t q0 = base, q1 = base + 13, k0 = base - 10, k1 = base + 20;
+        const RectLayout l = RectLayoutFromRule(rule, q0, q1, k0, k1, 4);
+        int64_t expected = 0;
+        for (int64_t q = q0; q < q1; ++q) {
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t d = q > k ? q - k : k - q;  // operands within 30 of each other
+            expected += (!causal || k <= q) && (!window || d <= *window);
+          }
+        }
+        EXPECT_EQ(l.AdmittedPairs(), expected)
+            << base << (causal ? " causal" : "") << " window " << window.value_or(-1);
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_device.h"
 #include "core/cuda/cuda_options.h"
+#include "core/cuda/flash_decode/flash_decode.h"
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90.h"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
@@ -69,6 +71,10 @@ std::vector<Case> Cases() {
   cases.push_back({"window_past_end", SpecAt(WindowSpec{2}, false, 995), {1, 4, 4, 2, 64, 995}});
   // A window no query reaches at all: nothing to launch, the fill alone.
   cases.push_back({"window_nothing", SpecAt(WindowSpec{0}, false, 995), {1, 3, 4, 2, 64, 995}});
+  // A caller's "unlimited" window: every key (BuildFlashDecodeParams drops the window).
+  cases.push_back({"window_int64_max",
+                   SpecAt(WindowSpec{std::numeric_limits<int64_t>::max()}, false, 2996),
+                   {1, 4, 8, 2, 128, 3000}});
   // Key shards (a context split over devices: keys at positions [k_offset, k_offset + Nkv) of a
   // sequence of kv_total): decode at the sequence's end, a window reaching into the shard from
   // queries before it, and (not decode pieces: the rect CSR and implicit dense paths) a window
@@ -133,6 +139,33 @@ std::vector<FlashKernelArch> DecodeArchs() {
 
 // Every case on each decode kernel (the mma.sync kernel; the wgmma kernel on Hopper, also for the
 // row counts the automatic choice leaves to mma.sync), forced split counts and the automatic one.
+// Host only (no device call, runs on any machine): a window at least the problem's largest
+// |query - key| distance is dropped, so that no key range adds a position to a window near
+// INT64_MAX (which wrapped to an empty range: O = 0 for a non-causal decode step); one below it
+// is kept and admits what the rule says.
+TEST(FlashDecodeParamsTest, AWindowReachingEveryKeyIsDropped) {
+  FlashDecodeProblem d;
+  d.tensors.shape = {1, 4, 8, 2, 128, 5000};
+  d.q_len = 4;
+  d.kv_len = 5000;
+  d.q_pos = 4996;  // rows at 4996..4999: the largest distance is 4999 (row 3 to key 0)
+  for (const bool causal : {false, true}) {
+    d.causal = causal;
+    for (const int64_t w : {int64_t{4999}, std::numeric_limits<int64_t>::max()}) {
+      d.window = w;
+      const FlashDecodeParams p = BuildFlashDecodeParams(d);
+      EXPECT_EQ(p.window, -1) << w;
+      EXPECT_EQ(p.key_begin, 0);
+      EXPECT_EQ(p.key_end, 5000);
+      EXPECT_EQ(FlashDecodeAdmittedPairs(p), causal ? 4997 + 4998 + 4999 + 5000 : 4 * 5000);
+    }
+    d.window = 4998;  // row 3 no longer reaches key 0
+    const FlashDecodeParams p = BuildFlashDecodeParams(d);
+    EXPECT_EQ(p.window, 4998);
+    EXPECT_EQ(FlashDecodeAdmittedPairs(p), causal ? 4997 + 4998 + 4999 + 4999 : 3 * 5000 + 4999);
+  }
+}
+
 TEST(FlashDecodeTest, EveryCaseAndSplitCountMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   for (FlashKernelArch arch : DecodeArchs()) {

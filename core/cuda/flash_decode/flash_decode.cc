@@ -98,6 +98,15 @@ FlashDecodeParams BuildFlashDecodeParams(const FlashDecodeProblem& problem) {
   p.k_pos_offset = problem.k_pos;
   p.causal = problem.causal;
   p.window = problem.window;
+  if (p.window >= 0) {
+    // A window of at least the largest |query - key| distance of the problem admits every pair:
+    // none, so that no bound (here or in the kernels) adds a position to a caller's "unlimited"
+    // window near INT64_MAX. Otherwise the window is below that distance, and position plus
+    // window stays in int64 (positions are below 2^61: ValidateSpec).
+    const int64_t first = problem.q_pos - problem.k_pos;  // query row 0, counted from key row 0
+    const int64_t reach = std::max(first + problem.q_len - 1, problem.kv_len - 1 - first);
+    if (p.window >= reach) p.window = -1;
+  }
   p.dtype = t.dtype;
   p.scale = problem.scale;
   p.scale_log2 = static_cast<float>(problem.scale * M_LOG2E);
