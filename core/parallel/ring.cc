@@ -114,9 +114,9 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
     return absl::OkStatus();
   };
 
-  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) {
+  if (std::holds_alternative<WindowSpec>(spec.pattern)) {
     Job job = all_heads_job();
-    job.rule.window = w->size;
+    job.rule.window = WindowWithin(spec, s.tokens);
     ATTN_RETURN_IF_ERROR(schedule_of(job, SplitSequence(s.tokens, ranks, kind), kind, ranks > 1));
     run->jobs_.push_back(std::move(job));
   } else if (std::holds_alternative<DenseSpec>(spec.pattern)) {

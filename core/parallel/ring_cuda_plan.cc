@@ -91,7 +91,7 @@ absl::StatusOr<RingCudaPlan> PlanWith(const AttentionSpec& spec, int64_t n, int 
   std::optional<BlockLayout> global;  // block_sparse only
   IntervalRule rule;                  // dense / window
   rule.causal = spec.causal;
-  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) rule.window = w->size;
+  rule.window = WindowWithin(spec, n);  // the kernels add it to a position difference
   int32_t block_size = options.block_size;
   if (const auto* bs = std::get_if<BlockSparseSpec>(&spec.pattern)) {
     CompileOptions compile;

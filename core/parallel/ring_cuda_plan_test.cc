@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -93,6 +94,8 @@ void CheckPlan(const AttentionSpec& spec, int64_t n, int ranks, int32_t block) {
           EXPECT_EQ(piece.layout.q_begin, piece.q.begin);
           EXPECT_EQ(piece.layout.k_begin, piece.k.begin);
           EXPECT_EQ(piece.layout.num_q_tiles(), NumBlocks(piece.q.size(), plan->block_size));
+          // The kernels add the window to position differences: never more than the sequence.
+          EXPECT_LE(piece.layout.rule.window.value_or(0), n);
         }
         total += piece.admitted_pairs;
       }
@@ -110,6 +113,8 @@ TEST(RingCudaPlanTest, CoversEveryPairOnce) {
         CheckPlan(testing::DenseCase(causal), n, ranks, 128);
         CheckPlan(testing::WindowCase(70, causal), n, ranks, 64);
         CheckPlan(testing::WindowCase(3, causal), n, ranks, 128);
+        // A caller's "unlimited" window: the pairs of dense.
+        CheckPlan(testing::WindowCase(std::numeric_limits<int64_t>::max(), causal), n, ranks, 64);
         CheckPlan(testing::SparseCase(64, LocalWindowGen{1}, causal), n, ranks, 64);
       }
     }

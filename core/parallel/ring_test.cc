@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -47,6 +48,9 @@ std::vector<NamedSpec> AllSpecs() {
   std::vector<NamedSpec> out;
   out.push_back({"dense", WithPattern(DenseSpec{}), 103});
   out.push_back({"window", WithPattern(WindowSpec{9}), 103});
+  // A caller's "unlimited" window (the wire takes any size >= 0): every pair, as dense.
+  out.push_back(
+      {"window_unlimited", WithPattern(WindowSpec{std::numeric_limits<int64_t>::max()}), 103});
   // Branches of 7 segments (communication-free for every P here), of 3 segments (a ring for
   // P = 4), and one segment longer than N (a ring over gathered positions for every P > 1).
   out.push_back({"dilated", WithPattern(DilatedSpec{{16, 40, 128}, {1, 2, 4}}), 103});

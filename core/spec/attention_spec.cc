@@ -325,6 +325,12 @@ int64_t PatternExtent(const AttentionSpec& spec, const AttentionShape& shape) {
   return longest;
 }
 
+std::optional<int64_t> WindowWithin(const AttentionSpec& spec, int64_t extent) {
+  const auto* w = std::get_if<WindowSpec>(&spec.pattern);
+  if (w == nullptr) return std::nullopt;
+  return std::min(w->size, extent);
+}
+
 absl::Status ValidateSpecForSeqLen(const AttentionSpec& spec, int64_t seq_len) {
   return ValidateSpecForExtent(spec, seq_len, "shape.tokens");
 }

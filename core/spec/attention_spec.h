@@ -4,6 +4,7 @@
 #define ATTNSERVE_CORE_SPEC_ATTENTION_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -102,6 +103,11 @@ bool IsSquare(const AttentionSpec& spec, const AttentionShape& shape);
 // max(q_offset + tokens, kv_len()) (kv_total for a key shard); packed, the longest sequence's key
 // count (each sequence uses its own, no longer, extent). Valid for a validated (spec, shape).
 int64_t PatternExtent(const AttentionSpec& spec, const AttentionShape& shape);
+
+// A window spec's size clamped to `extent` positions, none for the other patterns. No two positions
+// of `extent` are `extent` apart, so the clamp admits the same pairs, and it keeps position +
+// window in int64 for a caller's "unlimited" window near INT64_MAX (the wire takes any size >= 0).
+std::optional<int64_t> WindowWithin(const AttentionSpec& spec, int64_t extent);
 
 // The scale actually applied.
 float EffectiveScale(const AttentionSpec& spec, int64_t head_dim);

@@ -384,6 +384,12 @@ TEST(ValidateSpecTest, IsSquareAndPatternExtent) {
   EXPECT_EQ(PatternExtent(spec, longer), 700);
 }
 
+TEST(WindowWithinTest, ClampsToTheExtent) {
+  EXPECT_EQ(WindowWithin(Spec(WindowSpec{9}, false), 100), 9);
+  EXPECT_EQ(WindowWithin(Spec(WindowSpec{std::numeric_limits<int64_t>::max()}, true), 100), 100);
+  EXPECT_EQ(WindowWithin(Spec(DenseSpec{}, false), 100), std::nullopt);
+}
+
 TEST(EffectiveScaleTest, DefaultAndExplicit) {
   EXPECT_FLOAT_EQ(EffectiveScale(Spec(DenseSpec{}), 64), 0.125f);
   EXPECT_FLOAT_EQ(EffectiveScale(Spec(DenseSpec{}), 128),

@@ -238,9 +238,9 @@ absl::StatusOr<BlockLayout> CompileValidatedBlockLayout(const AttentionSpec& spe
         absl::StrCat("options.block_size: must be >= 1, got ", options.block_size));
   }
   ATTN_RETURN_IF_ERROR(CheckBlockCount(seq_len, options.block_size));
-  std::optional<int64_t> window;
-  if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) window = w->size;
-  return BandLayout(seq_len, options.block_size, spec.causal, window, options.max_kept_blocks);
+  // (The layout's rule keeps the clamped window: the kernels add it to position differences.)
+  return BandLayout(seq_len, options.block_size, spec.causal, WindowWithin(spec, seq_len),
+                    options.max_kept_blocks);
 }
 
 absl::StatusOr<CompiledPattern> CompileValidatedPattern(const AttentionSpec& spec,

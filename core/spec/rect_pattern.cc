@@ -91,10 +91,7 @@ absl::StatusOr<std::vector<RectLayout>> SpanLayouts(const AttentionSpec& spec,
     }
     IntervalRule rule;
     rule.causal = spec.causal;
-    // |p - j| never exceeds the extent, so the clamp changes nothing but keeps p + w in range.
-    if (const auto* w = std::get_if<WindowSpec>(&spec.pattern)) {
-      rule.window = std::min(w->size, span.extent());
-    }
+    rule.window = WindowWithin(spec, span.extent());
     RectLayout layout = RectLayoutFromRule(rule, span.q_pos, q_end, span.k_pos,
                                            span.k_pos + span.k_len, options.block_size);
     if (layout.kept_tiles() > 0) out.push_back(std::move(layout));
