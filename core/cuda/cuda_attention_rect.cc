@@ -144,7 +144,7 @@ absl::Status CudaAttentionPlan::BuildRect(const AttentionSpec& spec, const Compi
       p.k_len = span.k_len;
       p.tile = options.block_size;
       p.rule_causal = spec.causal;
-      p.rule_window = window != nullptr ? window->size : -1;
+      p.rule_window = WindowWithin(spec, span.extent()).value_or(-1);
       const FlashDecodeParams d =
           BuildFlashDecodeParams(DecodeProblem(p, shape_, compute_dtype_, scale_));
       pairs += static_cast<double>(FlashDecodeAdmittedPairs(d));
