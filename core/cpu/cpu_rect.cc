@@ -107,7 +107,7 @@ absl::Status RunDilatedSpan(RectRun& run, const DilatedSpec& dilated, const Quer
       if (layout.kept_tiles() == 0) continue;
       std::vector<int64_t> q_heads, kv_heads;  // global heads, local index = position here
       std::vector<HeadPair> pairs;
-      for (int64_t h = o; h < Hq; h += r) {
+      for (const int64_t h : DilatedGroupHeads(Hq, r, o)) {
         if (kv_heads.empty() || kv_heads.back() != h / g) kv_heads.push_back(h / g);
         pairs.push_back({static_cast<int32_t>(q_heads.size()),
                          static_cast<int32_t>(kv_heads.size() - 1)});

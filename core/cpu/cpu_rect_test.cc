@@ -189,20 +189,25 @@ TEST(CpuRectTest, DilatedRateNearInt64MaxMatchesReference) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   const AttentionShape shape{1, 4, 4, 2, 16, 12};
   const Inputs in = RandomInputs(shape, DType::kF32, SeedAndPrint());
-  for (bool causal : {false, true}) {
-    AttentionSpec spec;
-    spec.pattern = DilatedSpec{{kMax, 64}, {kMax, 2}};
-    spec.causal = causal;
-    spec.q_offset = 6;
-    auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    HostTensor o = PoisonedOutput(shape, DType::kF32);
-    HostTensor lse = PoisonedLse(shape);
-    CpuRunOptions options;
-    options.pool = &Pool();
-    options.compile.block_size = kBlock;
-    ASSERT_TRUE(CpuAttentionRectInto(spec, in.q, in.k, in.v, options, o, lse, nullptr).ok());
-    EXPECT_TRUE(MatchesReference(*ref, o, &lse, DType::kF32)) << (causal ? "causal" : "");
+  // q_offset 6: no head offset >= 1 gathers a query; 0 and 1: offsets 1..3 do, and their heads
+  // were stepped by h += rate past int64 (a negative head: heap corruption).
+  for (const int64_t q_offset : {6, 0, 1}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "q_offset " << q_offset << (causal ? " causal" : ""));
+      AttentionSpec spec;
+      spec.pattern = DilatedSpec{{kMax, 64}, {kMax, 2}};
+      spec.causal = causal;
+      spec.q_offset = q_offset;
+      auto ref = ReferenceAttention(spec, in.q, in.k, in.v);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      HostTensor o = PoisonedOutput(shape, DType::kF32);
+      HostTensor lse = PoisonedLse(shape);
+      CpuRunOptions options;
+      options.pool = &Pool();
+      options.compile.block_size = kBlock;
+      ASSERT_TRUE(CpuAttentionRectInto(spec, in.q, in.k, in.v, options, o, lse, nullptr).ok());
+      EXPECT_TRUE(MatchesReference(*ref, o, &lse, DType::kF32));
+    }
   }
 }
 

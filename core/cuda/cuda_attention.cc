@@ -272,7 +272,7 @@ absl::Status CudaAttentionPlan::BuildDilated(const AttentionSpec& spec,
     for (const DilatedGroup& gr : br.groups) {
       Dilated::Group group;
       group.offset = gr.offset;
-      group.num_heads = static_cast<int32_t>((hq - gr.offset + br.rate - 1) / br.rate);
+      group.num_heads = static_cast<int32_t>(DilatedGroupHeads(hq, br.rate, gr.offset).size());
       if (group.num_heads <= 0 || gr.positions.empty()) continue;
       int64_t group_pairs = 0;
       for (size_t t = 0; t + 1 < gr.seg_start.size(); ++t) {
@@ -288,8 +288,10 @@ absl::Status CudaAttentionPlan::BuildDilated(const AttentionSpec& spec,
         }
         group_pairs += DensePairs(len, spec.causal);
         Dilated::Run* last = group.runs.empty() ? nullptr : &group.runs.back();
+        // (Compared as a quotient: count * segment_length may pass int64 for a huge segment.)
         if (last != nullptr && last->length == len &&
-            first == last->first + last->count * br.segment_length &&
+            (first - last->first) % br.segment_length == 0 &&
+            (first - last->first) / br.segment_length == last->count &&
             (last->count + 1) * b <= kMaxGridYZ) {
           ++last->count;
         } else {
@@ -475,7 +477,7 @@ absl::Status CudaAttentionPlan::RunDilated(const void* q, const void* k, const v
         range.num_segments = run.count;
         range.segment_pitch = run.pitch;
         range.head_start = static_cast<int32_t>(group.offset);
-        range.head_step = static_cast<int32_t>(branch.rate);
+        range.head_step = static_cast<int32_t>(std::min(branch.rate, hq));  // one head when larger
         range.num_heads = group.num_heads;
         range.accumulate = true;
         ATTN_RETURN_IF_ERROR(RunAttentionForward(BuildFlashFwdParams(tensors, range, view, scale_),

@@ -136,7 +136,7 @@ absl::StatusOr<std::vector<DilatedRingJob>> PlanDilatedRing(const AttentionSpec&
       // The group's query heads as runs sharing one KV head; a job needs every run equally long
       // (plain GQA after renumbering), so runs are bucketed by length, first appearance first.
       std::vector<std::pair<int64_t, std::vector<int32_t>>> runs;  // (kv head, q heads)
-      for (int64_t h = o; h < Hq; h += r) {
+      for (const int64_t h : DilatedGroupHeads(Hq, r, o)) {
         const int64_t kv = h / g;
         if (runs.empty() || runs.back().first != kv) runs.push_back({kv, {}});
         runs.back().second.push_back(static_cast<int32_t>(h));

@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<RingRun>> RingRun::Create(const AttentionSpec& sp
         job.seq_len = static_cast<int64_t>(group.positions.size());
         job.positions = group.positions;
         job.segment_starts = group.seg_start;
-        for (int64_t h = group.offset; h < s.q_heads; h += branch.rate) {
+        for (const int64_t h : DilatedGroupHeads(s.q_heads, branch.rate, group.offset)) {
           const auto kvh = static_cast<int32_t>(h / g);
           if (job.kv_heads.empty() || job.kv_heads.back() != kvh) job.kv_heads.push_back(kvh);
           job.pairs.push_back({static_cast<int32_t>(job.q_heads.size()),

@@ -54,6 +54,9 @@ std::vector<NamedSpec> AllSpecs() {
   // Branches of 7 segments (communication-free for every P here), of 3 segments (a ring for
   // P = 4), and one segment longer than N (a ring over gathered positions for every P > 1).
   out.push_back({"dilated", WithPattern(DilatedSpec{{16, 40, 128}, {1, 2, 4}}), 103});
+  // Rates as large as the wire takes: each offset's heads are stepped without passing int64.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  out.push_back({"dilated_huge_rate", WithPattern(DilatedSpec{{16, kMax}, {2, kMax}}), 103});
   const int32_t b = 64;
   const int64_t bs_tokens = 64 * 9 + 21;  // 10 blocks, the last one short
   // 20 blocks, the last one short: at P = 8 the 16 zigzag chunks hold one or two blocks each.

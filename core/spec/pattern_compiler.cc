@@ -194,6 +194,15 @@ DilatedGroup BuildGroup(int64_t n, int64_t w, int64_t r, int64_t o) {
 
 }  // namespace
 
+std::vector<int64_t> DilatedGroupHeads(int64_t q_heads, int64_t rate, int64_t offset) {
+  std::vector<int64_t> heads;
+  for (int64_t h = offset; h < q_heads; h += rate) {
+    heads.push_back(h);
+    if (rate >= q_heads - h) break;
+  }
+  return heads;
+}
+
 int64_t DilatedPlan::MemoryBytes() const {
   int64_t bytes = 0;
   for (const DilatedBranch& branch : branches) {

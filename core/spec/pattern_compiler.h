@@ -41,6 +41,11 @@ struct DilatedBranch {
   std::vector<DilatedGroup> groups;
 };
 
+// The query heads that use offset `offset` of a branch of rate `rate` (h % rate == offset,
+// h < q_heads), ascending. The step stops before h + rate could pass int64: a rate may be as large
+// as INT64_MAX (the wire takes any rate >= 1), and `h += rate` past it wrapped to a negative head.
+std::vector<int64_t> DilatedGroupHeads(int64_t q_heads, int64_t rate, int64_t offset);
+
 struct DilatedPlan {
   std::vector<DilatedBranch> branches;
   int64_t MemoryBytes() const;

@@ -493,5 +493,16 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// Heads of one offset, stepping without passing int64 for any rate.
+TEST(DilatedGroupHeadsTest, StepsStopBeforeInt64) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(DilatedGroupHeads(8, 3, 1), (std::vector<int64_t>{1, 4, 7}));
+  EXPECT_EQ(DilatedGroupHeads(8, 1, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(DilatedGroupHeads(8, kMax, 0), (std::vector<int64_t>{0}));
+  EXPECT_EQ(DilatedGroupHeads(8, kMax, 5), (std::vector<int64_t>{5}));
+  EXPECT_EQ(DilatedGroupHeads(8, kMax - 2, 7), (std::vector<int64_t>{7}));
+  EXPECT_TRUE(DilatedGroupHeads(4, 16, 4).empty());
+}
+
 }  // namespace
 }  // namespace attnserve
