@@ -192,6 +192,14 @@ void CheckDilatedSpan(const QuerySpan& span, const DilatedSpec& d, const Attenti
   for (size_t b = 0; b < d.segment_lengths.size(); ++b) {
     const int64_t w = d.segment_lengths[b], r = d.dilation_rates[b];
     for (int64_t o = 0; o < std::min(r, heads); ++o) {
+      // The heads of offset o: every h < heads with h % r == o, ascending (no step past int64).
+      const std::vector<int64_t> group_heads = DilatedGroupHeads(heads, r, o);
+      FUZZ_CHECK(!group_heads.empty() && group_heads.front() == o, "heads of offset ", o);
+      for (size_t i = 0; i < group_heads.size(); ++i) {
+        FUZZ_CHECK(group_heads[i] < heads && group_heads[i] % r == o &&
+                   (i == 0 || group_heads[i] > group_heads[i - 1]));
+      }
+      FUZZ_CHECK(heads - group_heads.back() <= r, "a head of offset ", o, " missing at the end");
       const DilatedSpanGroup g = BuildDilatedSpanGroup(span, w, r, o);
       std::vector<int64_t> want_q, want_k;
       for (int64_t x = 0; x < span.q_len; ++x) {
