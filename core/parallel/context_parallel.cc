@@ -51,7 +51,7 @@ absl::StatusOr<KeyShardQuery> PlanKeyShard(const AttentionSpec& spec, const Atte
   // The query positions that may admit a key in [start, end): causal ones at or after the first
   // key, a window's within w of the keys.
   const int64_t end = start + rows;
-  const int64_t w = window != nullptr ? std::min(window->size, total + q0 + nq) : 0;
+  const int64_t w = WindowWithin(spec, total + q0 + nq).value_or(0);
   const int64_t lo = spec.causal ? start : start - w;
   const int64_t hi = window != nullptr ? end - 1 + w : std::numeric_limits<int64_t>::max() / 4;
   const int64_t r0 = std::clamp<int64_t>(lo - q0, 0, nq);
