@@ -45,6 +45,15 @@ struct ConsumerCarry {
 // slower in every rep (c/), so they keep the rescale first.
 constexpr bool RescaleOLast(int key_tile) { return key_tile == 128; }
 
+// The 64 scale FFMAs of the exponents (s * scale_log2 - max) before the P V wait, under the GEMM,
+// instead of after it next to the exponentials (which then take the scaled values): at D = 128
+// with 128-key tiles 0.6-0.7% fewer cycles at 90% skipped in two calls, 99% level; at D = 64 3.3%
+// more cycles, at 176-key tiles causal 2.9% slower (bench/results/h200-2026-11-29-kernel18). The
+// same FFMAs on the same values either way: the results do not change by a bit.
+constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
+  return key_tile == 128 && head_dim == 128;
+}
+
 // The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
 // the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
 // window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
@@ -84,6 +93,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   // cycles at 90% and D = 64 (h200x2-2026-11-28-kernel10/d), 1% more at 176 keys (kernel8).
   constexpr bool kVWaitInWindow = Traits::kBlock == 128 && Traits::kConsumerWarpgroups >= 2;
   constexpr bool kRescaleLast = RescaleOLast(Traits::kBlock);
+  constexpr bool kScaleEarly = ScaleBeforePvWait(Traits::kBlock, Traits::kHeadDim);
   // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
   // kBlock), set up once per item instead of 64-bit position compares per tile:
   //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
@@ -172,16 +182,14 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     WaitScoresOf<1>(s);
     st.At(kStampScores);
     on_scores(e + 1 == count ? ln : 1);
-    // K(e) read (or not needed).
-    MbarArriveClusterLanes<kClusterM>(sm.bar_empty + 8 * stage, ln);
+    MbarArriveClusterLanes<kClusterM>(sm.bar_empty + 8 * stage, ln);  // K(e) read (or not needed)
     // The softmax of S(e) in two halves around the P V wait, as FA4's sm90 SASS runs it (its
-    // source takes the exponentials before the wait; ptxas leaves ~9 of 64 there): the row
-    // maxima (and O's factors) under the P V GEMM, the exponentials after its wait, so that the
-    // P packing (registers the in-flight GEMM still reads) interleaves with them. (H200, nine
-    // interleaved reps, h200x2-2026-11-28-kernel7/ab-ew, ab-hy: causal 2.0%, D = 64 1.2-1.6%
-    // faster, local_window 99% 1.6% slower, the rest level; again on this kernel,
-    // h200-2026-11-29-kernel16/c-order, h-split: all 64 before the wait 3% slower at 176-key
-    // tiles, 16 before it within 1.5% either way, nothing faster at 90% or 99% skipped.)
+    // source takes the exponentials before the wait; ptxas leaves ~9 of 64 there): the row maxima
+    // (and O's factors) under the P V GEMM, the exponentials after its wait, so that the P packing
+    // (registers the in-flight GEMM still reads) interleaves with them. (H200, h200x2-2026-11-28-
+    // kernel7/ab-ew, ab-hy: causal 2.0%, D = 64 1.2-1.6% faster, local_window 99% 1.6% slower;
+    // h200-2026-11-29-kernel16/c-order, h-split: all 64 exponentials before the wait 3% slower at
+    // 176-key tiles, 16 before it within 1.5% either way.)
     float alpha[2] = {1.f, 1.f};
     float scaled_max[2] = {0.f, 0.f};
     if (work) {
@@ -191,6 +199,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
                           rows.delta, rows.t);
       }
       softmax.StepMax(s, alpha, scaled_max, p.scale_log2);
+      if constexpr (kScaleEarly) softmax.StepScale(s, scaled_max, p.scale_log2);
     }
     WgmmaWait<0>();
     st.At(kStampPv);
@@ -200,7 +209,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * c.stage, c.pending ? ln : kNone);
     if (work) {
       if constexpr (!kFirst && !kRescaleLast) softmax.RescaleOWhereGrown(acc_o, alpha);
-      softmax.StepExp(s, scaled_max, p.scale_log2);
+      softmax.template StepExp<kScaleEarly>(s, scaled_max, p.scale_log2);
       PackP<typename Traits::Elem, kBlock>(s, c.pa);
       if constexpr (!kFirst && kRescaleLast) softmax.RescaleOWhereGrown(acc_o, alpha);
     } else {

@@ -24,9 +24,7 @@ struct OutputBase {
 };
 __device__ __forceinline__ OutputBase MakeOutputBase(const FlashFwdParams& p, int y, int z) {
   const int head = p.head_start + y * p.head_step;
-  // (No integer division in the common case: one segment per batch.)
-  const int batch = p.num_segs == 1 ? z : z / p.num_segs;
-  const int seg = p.num_segs == 1 ? 0 : z % p.num_segs;
+  const auto [batch, seg] = SplitZ(z, p.num_segs);
   return {batch * p.o_batch_stride + seg * p.o_seg_stride + head * p.o_head_stride,
           p.lse + batch * p.lse_batch_stride + seg * p.lse_seg_stride + head * p.lse_head_stride};
 }

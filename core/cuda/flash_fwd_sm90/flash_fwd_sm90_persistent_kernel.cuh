@@ -252,8 +252,7 @@ __device__ __forceinline__ void ProducePersistentKvTma(const FlashFwdParams& p,
       walk.BeginItem();
       const WorkItem& w = walk.cur;
       const int kv_head = (p.head_start + w.y * p.head_step) / p.kv_group;
-      const int batch = w.z / p.num_segs;
-      const int seg = w.z % p.num_segs;
+      const auto [batch, seg] = SplitZ(w.z, p.num_segs);
       if (lane == 0) {
         for (int e = 0; e < w.count; ++e) {
           const RingSlots<Traits> r(g + static_cast<uint32_t>(e));
@@ -347,6 +346,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
     if constexpr (kTma) {
       if (lane == 0) {  // the metadata is released to warpgroup h by this lane's arrive
         const int head = p.head_start + w.y * p.head_step;
+        const auto [batch, seg] = SplitZ(w.z, p.num_segs);
 #pragma unroll
         for (int h = 0; h < kWgs; ++h) {
           // Warpgroup h's rows of the buffer's previous item: its every warp issued and
@@ -358,8 +358,7 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
 #pragma unroll
           for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
             TmaLoad5d(q_tile + panel * Traits::kQPanelBytes + h * 64 * 128, tma_q, full, policy,
-                      panel * 64, w.row * kBlockM + h * 64, head, w.z % p.num_segs,
-                      w.z / p.num_segs);
+                      panel * 64, w.row * kBlockM + h * 64, head, seg, batch);
           }
         }
       }
@@ -399,12 +398,12 @@ __device__ __forceinline__ void ProducePersistentQ(const FlashFwdParams& p,
         // 3.7% of all warp samples at 99% skipped, kernel9/profiles.)
         if (lane == 0) {
           const int head = p.head_start + y * p.head_step;
+          const auto [batch, seg] = SplitZ(z, p.num_segs);
 #pragma unroll
           for (int h = 0; h < kWgs; ++h) {
 #pragma unroll
             for (int panel = 0; panel < Traits::kHeadDim / 64; ++panel) {
-              TmaPrefetch5d(tma_q, panel * 64, row * kBlockM + h * 64, head, z % p.num_segs,
-                            z / p.num_segs);
+              TmaPrefetch5d(tma_q, panel * 64, row * kBlockM + h * 64, head, seg, batch);
             }
           }
         }

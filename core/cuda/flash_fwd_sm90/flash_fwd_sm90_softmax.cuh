@@ -82,15 +82,24 @@ struct OnlineSoftmax {
     }
   }
 
+  // s * scale_log2 - scaled_max in place (the exponent StepExp<true> takes).
+  __device__ __forceinline__ void StepScale(float (&s)[kBlock / 2], const float (&scaled_max)[2],
+                                            float scale_log2) {
+#pragma unroll
+    for (int i = 0; i < kBlock / 2; ++i) s[i] = fmaf(s[i], scale_log2, -scaled_max[(i >> 1) & 1]);
+  }
+
   // The second half: the probabilities exp2(s * scale_log2 - scaled_max) in place, added to the
-  // denominators.
+  // denominators. kScaled: StepScale already turned s into the exponents.
+  template <bool kScaled = false>
   __device__ __forceinline__ void StepExp(float (&s)[kBlock / 2], const float (&scaled_max)[2],
                                           float scale_log2) {
 #pragma unroll
     for (int i = 0; i < kBlock / 8; ++i) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        s[4 * i + j] = Exp2(fmaf(s[4 * i + j], scale_log2, -scaled_max[j >> 1]));
+        s[4 * i + j] = kScaled ? Exp2(s[4 * i + j])
+                               : Exp2(fmaf(s[4 * i + j], scale_log2, -scaled_max[j >> 1]));
         row_sum[j >> 1] += s[4 * i + j];
       }
     }

@@ -360,8 +360,9 @@ struct ItemWalk {
 template <typename Elem>
 __device__ __forceinline__ const Elem* QBase(const FlashFwdParams& p, int y, int z) {
   const int head = p.head_start + y * p.head_step;
-  return static_cast<const Elem*>(p.q) + (z / p.num_segs) * p.q_batch_stride +
-         (z % p.num_segs) * p.q_seg_stride + head * p.q_head_stride;
+  const auto [batch, seg] = SplitZ(z, p.num_segs);
+  return static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + seg * p.q_seg_stride +
+         head * p.q_head_stride;
 }
 
 // K and V of (y, z): the KV head of query head `head` under grouped-query attention.
@@ -370,8 +371,7 @@ __device__ __forceinline__ void KvBase(const FlashFwdParams& p, int y, int z, co
                                        const Elem*& v) {
   const int head = p.head_start + y * p.head_step;
   const int kv_head = head / p.kv_group;
-  const int batch = z / p.num_segs;
-  const int seg = z % p.num_segs;
+  const auto [batch, seg] = SplitZ(z, p.num_segs);
   k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + seg * p.k_seg_stride +
       kv_head * p.k_head_stride;
   v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + seg * p.v_seg_stride +
