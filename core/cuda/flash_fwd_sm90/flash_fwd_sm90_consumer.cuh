@@ -47,7 +47,7 @@ constexpr bool RescaleOLast(int key_tile) { return key_tile == 128; }
 
 // The 64 scale FFMAs of the exponents (s * scale_log2 - max) before the P V wait, under the GEMM,
 // instead of after it next to the exponentials (which then take the scaled values): at D = 128
-// with 128-key tiles 0.6-0.7% fewer cycles at 90% skipped in two calls, 99% level; at D = 64 3.3%
+// with 128-key tiles 0.6-0.8% fewer cycles at 90% skipped in three calls, 99% level; at D = 64 3.3%
 // more cycles, at 176-key tiles causal 2.9% slower (bench/results/h200-2026-11-29-kernel18). The
 // same FFMAs on the same values either way: the results do not change by a bit.
 constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
