@@ -129,8 +129,6 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
       "mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
       : "memory");
 }
-// The thread's lane (%laneid), read where it is needed: volatile, so that it is neither hoisted
-// nor merged with another read (a value kept across the tile loop costs a register).
 // A launch's z = batch * num_segs + seg split into its parts; no integer division in the common
 // case of one segment per batch.
 struct BatchSeg {
@@ -141,6 +139,8 @@ __device__ __forceinline__ BatchSeg SplitZ(int z, int num_segs) {
   return {num_segs == 1 ? z : z / num_segs, num_segs == 1 ? 0 : z % num_segs};
 }
 
+// The thread's lane (%laneid), read where it is needed: volatile, so that it is neither hoisted
+// nor merged with another read (a value kept across the tile loop costs a register).
 __device__ __forceinline__ int LaneId() {
   int lane;
   asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
