@@ -11,7 +11,8 @@
 #   B=/tmp/bundle VARIANTS="main:/tmp/bundle/var/attnbench_cuda_main new:/tmp/bundle/bin/attnbench_cuda" \
 #     [FA4_SITE=/tmp/fa4site] [CASES="dense_n16384 ..."] [LAUNCHES=5] bench/ncu_cycles_ab.sh OUT
 #   (name:binary[:flag,flag...] as in bench/kernel_ab.sh; cases: attnbench_cuda's dense cases,
-#   bf16 N = 16384, Hq = Hkv = 16, whose names say D and causal)
+#   bf16 N = 16384, Hq = Hkv = 16, whose names say D and causal; its block-sparse cases run our
+#   builds only, FA4's column is '-' there: bench/ncu_vs_fa4.sh profiles FA4 on the same CSR)
 # Writes OUT/<name>_<case>.csv (ncu --csv), OUT/fa4.csv, and OUT/cycles.md: per case the median
 # cycles of each variant over its LAUNCHES launches, each variant's ratio to the first, and
 # FA4's cycles over each variant's (> 1: that variant needs fewer cycles than FA4).
@@ -38,9 +39,11 @@ for c in $CASES; do
     echo "$name $c rc=$?"
   done
 done
-if [ -n "${FA4_SITE:-}" ] && [ -d "$FA4_SITE" ]; then
-  # One process for every case (FA4 compiles each kernel at its first call): per case in CASES
-  # order one call, then LAUNCHES calls; the summary drops each case's first launch.
+# FA4 runs the dense cases only (a block-sparse case needs the CSR our run dumps: ncu_vs_fa4.sh).
+FA4_CASES=$(for c in $CASES; do case $c in sparse_*) ;; *) printf '%s ' "$c" ;; esac; done)
+if [ -n "${FA4_SITE:-}" ] && [ -d "$FA4_SITE" ] && [ -n "$FA4_CASES" ]; then
+  # One process for every case (FA4 compiles each kernel at its first call): per case in
+  # FA4_CASES order one call, then LAUNCHES calls; the summary drops each case's first launch.
   cat > "$O/fa4_cases.py" <<'PY'
 import site, sys, torch
 site.addsitedir(sys.argv[1])
@@ -58,14 +61,15 @@ for case in sys.argv[3:]:
 PY
   # shellcheck disable=SC2086
   timeout -k 5 400 "${NCU[@]}" --kernel-name regex:'flash_fwd_sm90' \
-    python3 "$O/fa4_cases.py" "$FA4_SITE" "$LAUNCHES" $CASES > "$O/fa4.csv" 2> "$O/fa4.err"
+    python3 "$O/fa4_cases.py" "$FA4_SITE" "$LAUNCHES" $FA4_CASES > "$O/fa4.csv" 2> "$O/fa4.err"
   echo "fa4 rc=$?"
 fi
 # shellcheck disable=SC2086
-python3 - "$O" "$LAUNCHES" "$CASES" ${VARIANTS} <<'PY' | tee "$O/cycles.md"
+python3 - "$O" "$LAUNCHES" "$CASES" "$FA4_CASES" ${VARIANTS} <<'PY' | tee "$O/cycles.md"
 import csv, os, statistics, sys
 out, launches, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-names = [v.split(':')[0] for v in sys.argv[4:]]
+fa4_cases = sys.argv[4].split()
+names = [v.split(':')[0] for v in sys.argv[5:]]
 
 def launches_of(path):
     """[(grid, cycles)] in launch order from an ncu --csv file (other lines are the app's)."""
@@ -92,10 +96,13 @@ print("| case | " + " | ".join(f"{n} Mcycles" for n in names) + " | FA4 Mcycles 
       " | ".join(f"{n}/{names[0]}" for n in names[1:]) + (" | " if len(names) > 1 else "") +
       " | ".join(f"FA4/{n}" for n in names) + " |")
 print("|---" * (3 * len(names) + 1) + "|")
-for i, c in enumerate(cases):
+for c in cases:
     own = [median_large(launches_of(os.path.join(out, f"{n}_{c}.csv"))) for n in names]
-    chunk = fa4[i * (launches + 1) + 1:(i + 1) * (launches + 1)]
-    f = statistics.median(x for _, x in chunk) if len(chunk) == launches else None
+    f = None
+    if c in fa4_cases:
+        i = fa4_cases.index(c)
+        chunk = fa4[i * (launches + 1) + 1:(i + 1) * (launches + 1)]
+        f = statistics.median(x for _, x in chunk) if len(chunk) == launches else None
     fmt = lambda x: "-" if x is None else f"{x / 1e6:.3f}"
     ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.3f}"
     cells = ([fmt(x) for x in own] + [fmt(f)] + [ratio(x, own[0]) for x in own[1:]] +
@@ -104,5 +111,5 @@ for i, c in enumerate(cases):
 print()
 print("Elapsed SM cycles per launch (sm__cycles_elapsed.max) under ncu, clocks not locked; "
       f"median of {launches} launches per build and case (FA4: one process, the {launches} "
-      "launches of each case after its first).")
+      "launches of each case after its first; dense cases only, '-' for block-sparse ones).")
 PY

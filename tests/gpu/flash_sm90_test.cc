@@ -4,7 +4,7 @@
 //   causal, window (causal and not), block-sparse random / local_window / caller CSR (empty rows),
 //   dilated (the accumulate epilogue), ragged N, GQA, several batches, bf16 and f16, head dims
 //   64/128, blocks 64/128, CSRs of kFull blocks and dense over whole key blocks (the mask-free
-//   variant);
+//   variant), keys scaled up along the sequence (the kept-max tiles' fallback);
 //   every run checks which kernel ran (the plan reports it);
 // - params level (RunAttentionForward on BuildFlashFwdParams) vs a float64 loop, in
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
@@ -35,6 +35,8 @@
 #include "core/cuda/flash_fwd_sm90/flash_fwd_sm90_launch.cuh"
 #include "core/reference/reference.h"
 #include "core/spec/attention_spec.h"
+#include "core/tensor/dtype.h"
+#include "core/tensor/tensor.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/flash_sm90_test_util.h"
 #include "tests/testing/attention_test_util.h"
@@ -63,7 +65,27 @@ struct Case {
   DType dtype;
   // The plan's CSR is kFull blocks over whole key blocks: with TMA the mask-free variant runs.
   bool all_full = false;
+  // > 0: key row j (of N) scaled by 1 + key_ramp * j / N (ScaleKeysAlong).
+  float key_ramp = 0.f;
 };
+
+// Key rows scaled up along the sequence (1 + ramp * j / N, rounded back to the dtype), so that
+// the row maxima of later key tiles exceed the earlier ones by far more than 2^8 (scaled): the
+// kernel's tiles that keep the running max (KeptMaxTiles) then find a probability past it and
+// take the tile's maxima after all (KeptMaxMissed), many times per item.
+void ScaleKeysAlong(HostTensor& k, float ramp) {
+  const int64_t n = k.dims()[1];
+  const int64_t row = k.dims()[2] * k.dims()[3];  // heads x head_dim elements per key position
+  std::vector<float> f(static_cast<size_t>(k.numel()));
+  ConvertToFloat32(k.dtype(), k.data(), f.data(), f.size());
+  for (int64_t b = 0; b < k.dims()[0]; ++b) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float scale = 1.f + ramp * static_cast<float>(j) / static_cast<float>(n);
+      for (int64_t i = 0; i < row; ++i) f[static_cast<size_t>((b * n + j) * row + i)] *= scale;
+    }
+  }
+  ConvertFromFloat32(k.dtype(), f.data(), k.data(), f.size());
+}
 
 // Row i keeps block 0, block i - 2 and block i; every fifth row keeps nothing (O = 0, LSE = -inf).
 CsrGen TestCsr(int64_t nb) {
@@ -139,6 +161,20 @@ std::vector<Case> SpecCases() {
   // The dense non-causal layout over whole key blocks takes the same variant (its plan has no
   // CSR, so all_full stays false).
   add("dense_whole_blocks", DenseSpec{}, false, {1, 1024, 4, 2, 128}, DType::kBF16);
+  // Keys scaled up along the sequence (ScaleKeysAlong): the kept-max tiles miss their max. The
+  // CSR of kFull blocks (mask-free variant), dense non-causal over whole key blocks (the same
+  // variant at 128-key tiles, the masked 176-key variant where the key tile is 176) and causal.
+  const AttentionShape ramp{1, 2048, 4, 2, 128};
+  add("bs128_random_full_ramp", BlockSparseSpec{128, RandomGen{0.7, 31}}, false, ramp,
+      DType::kBF16);
+  cases.back().all_full = true;
+  cases.back().key_ramp = 16.f;
+  for (bool causal : {false, true}) {
+    add("dense_ramp", DenseSpec{}, causal, ramp, DType::kBF16);
+    cases.back().key_ramp = 16.f;
+  }
+  add("dense_ramp", DenseSpec{}, false, {1, 2048, 4, 2, 64}, DType::kF16);
+  cases.back().key_ramp = 16.f;
   // Long ragged row (4097 = 32 blocks + 1 token), cheap heads for the float64 reference.
   add("dense_long", DenseSpec{}, true, {1, 4097, 2, 1, 64}, DType::kBF16);
   add("bs128_random_long", BlockSparseSpec{128, RandomGen{0.2, 5}}, false, {1, 4097, 2, 2, 128},
@@ -162,6 +198,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat(c.name, " ", ShapeString(c.shape, c.dtype), " seed=", seed));
   auto in = MakeRandomInputs(c.shape, c.dtype, seed);
+  if (c.key_ramp > 0.f) ScaleKeysAlong(in.k, c.key_ramp);
   auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
   ASSERT_TRUE(ref.ok()) << ref.status();
   // The persistent schedule runs once per work-item order: head-major and position-major,

@@ -69,9 +69,50 @@ constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
 // K(e), and a shared stage barrier would hold K's half idle for that tile (measured: with one
 // barrier per stage the overlap was 4-30% slower, bench/results/h200-2026-11-25-kernel/). P(e-1)
 // (kBlock / 4 registers) is live next to S(e) and O.
+//
+// The softmax of a tile S(e) in two halves around the wait for the P V GEMM of tile e - 1, as
+// FA4's sm90 SASS runs it (its source takes the exponentials before the wait; ptxas leaves ~9 of
+// 64 there): the row maxima (and O's factors) under the P V GEMM, the exponentials after its
+// wait, so that the P packing (registers the in-flight GEMM still reads) interleaves with them.
+// (H200, h200x2-2026-11-28-kernel7/ab-ew, ab-hy: causal 2.0%, D = 64 1.2-1.6% faster,
+// local_window 99% 1.6% slower; h200-2026-11-29-kernel16/c-order, h-split: all 64 exponentials
+// before the wait 3% slower at 176-key tiles, 16 before it within 1.5% either way.)
+//
+// Kept-max tiles: after an item's first tile, a tile's exponents are taken against the running
+// max as it stands, without the tile's row maxima (OnlineSoftmax::StepScaleKept), and checked
+// after the exponentials by this thread's sums of the probabilities (KeptMaxHeld); only where a
+// sum passed 2^8 in the warp are the maxima taken after all (KeptMaxMissed: after the first tile
+// a max rarely grows that much). That takes the 64 FMNMX, the quad shuffles and the rescale
+// decision per tile and thread out of the loop, and the scale FFMAs start as soon as S(e)
+// landed; what a tile computes is what StepMax gives when the max grew by at most 2^8, which it
+// keeps too. H200, seven interleaved reps against the build before (bench/results/
+// h200-2026-11-29-kernel19): cycles -7% at 90% skipped, -5.5% at 99%, -7.5% dense, -6.5%
+// causal, -10% D = 64; time -5 to -12%. Not for the first tile (kFirst: no max yet), a masked
+// tile, or a warp with a row without a finite max (all its keys masked so far): those take
+// StepMax. Whether a tile keeps the max is warp-uniform (the full tiles: warpgroup-uniform).
+//
 // on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
 // persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
-// C++ branch on "last" in the loop would make ptxas serialize the wgmma). lane: the thread's lane.
+// C++ branch on "last" in the loop would make ptxas serialize the wgmma). lane: the thread's
+// lane. The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a
+// mask kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile. Releases go
+// to every CTA of the cluster (lanes 0 .. kClusterM - 1); kNone arrives nowhere.
+//
+// Issue: S(e) is issued also for a tile without work (its result is not read): a conditional S
+// block ends in an empty commit group, which ptxas closes with a dummy wgmma that the profile
+// showed warps stalling on (2% of the dense kernel's samples; the P V group, which must stay
+// conditional since without a pending tile there is no landed V to multiply, now commits inside
+// its branch: IssueScoresAndPV). Rows past the query end and keys past the key end are zeros in
+// smem (TMA zero-fill), so the GEMM reads only landed data.
+//
+// Metadata: the tile's metadata (key block, mask kind) and whether this warpgroup has work in it
+// are taken under the GEMMs, after the issue: the CSR variants read the stage's slot, rewritten
+// only after this warpgroup's K release (read before the barrier, dense D = 128 was 6%, causal
+// 1%, 99% skipped 1% slower on an H200: h200x2-2026-11-27-kernel3/ab-meta-order); the
+// implicit-only ones compute it from e (a slot read before the barrier sat on the path to the
+// GEMM issue: 2.1% / 0.8% more cycles at D = 64 / 128, h200x2-2026-11-28-kernel8/cycles). The
+// lane is re-read per tile at three consumer warpgroups (kept, at 160 registers, ptxas spilled
+// it), kept with two (the read's latency sat right after the S wait, kernel10/a).
 template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
@@ -83,10 +124,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     OnlineSoftmax<Traits::kBlock, Traits::kHeadDim>& softmax, ConsumerCarry<Traits>& c,
     int lane, Stamps& st, OnScores on_scores, FinishPrev finish_prev) {
   constexpr int kBlock = Traits::kBlock;
-  // The implicit-only variants (192-row items, 176-key tiles) run tile e = key tile e with a mask
-  // kind known from e (ImplicitFirstMaskedTile): no shared-memory read per tile.
   constexpr bool kImplicitOnly = Traits::kImplicitOnly;
-  // Releases go to every CTA of the cluster (lanes 0 .. kClusterM - 1); kNone arrives nowhere.
   constexpr int kClusterM = Traits::kClusterM;
   constexpr int kNone = kClusterM == 1 ? 1 : kNoArriveLane;
   // V(e-1) waited for inside the ping-pong window at 128-key tiles (FA4's order): 0.7-1.1% fewer
@@ -155,51 +193,42 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     float s[kBlock / 2];
     pp.BeforeScores();
     st.At(kStampTurn);
-    // S(e) is issued also for a tile without work (its result is not read): a conditional S
-    // block ends in an empty commit group, which ptxas closes with a dummy wgmma that the
-    // profile showed warps stalling on (2% of the dense kernel's samples; the P V group, which
-    // must stay conditional since without a pending tile there is no landed V to multiply, now
-    // commits inside its branch: IssueScoresAndPV). Rows past the query end and keys past the
-    // key end are zeros in smem (TMA zero-fill), so the GEMM reads only landed data.
+    // S(e) is issued also for a tile without work (header: issue).
     IssueScoresAndPV<Traits>(s, descs.Q(), descs.K(stage), /*scores=*/true, acc_o, c.pa,
                              descs.V(c.stage), c.pending,
                              [&] { if (kVWaitInWindow && c.pending) wait_v(); });
     pp.AfterScores();
     st.At(kStampIssued);
-    // The tile's metadata (key block, mask kind) and whether this warpgroup has work in it, taken
-    // under the GEMMs, after the issue: the CSR variants read the stage's slot, rewritten only
-    // after this warpgroup's K release below (read before the barrier, dense D = 128 was 6%,
-    // causal 1%, 99% skipped 1% slower on an H200: h200x2-2026-11-27-kernel3/ab-meta-order); the
-    // implicit-only ones compute it from e (a slot read before the barrier sat on the path to the
-    // GEMM issue: 2.1% / 0.8% more cycles at D = 64 / 128, h200x2-2026-11-28-kernel8/cycles).
+    // The tile's metadata, after the issue (header: metadata).
     static_assert(kImplicitOnly || Traits::kConsumerWarpgroups <= 2,
                   "a CSR variant with three consumer warpgroups would hold the slot's values "
                   "across the GEMM issue at 160 registers: measure where it reads them first");
     read_meta();
-    // The lane: re-read per tile at three consumer warpgroups (kept, at 160 registers, ptxas
-    // spilled it), kept with two (the read's latency sat right after the S wait, kernel10/a).
     const int ln = Traits::kConsumerWarpgroups >= 3 ? LaneId() : lane;
     WaitScoresOf<1>(s);
     st.At(kStampScores);
     on_scores(e + 1 == count ? ln : 1);
     MbarArriveClusterLanes<kClusterM>(sm.bar_empty + 8 * stage, ln);  // K(e) read (or not needed)
-    // The softmax of S(e) in two halves around the P V wait, as FA4's sm90 SASS runs it (its
-    // source takes the exponentials before the wait; ptxas leaves ~9 of 64 there): the row maxima
-    // (and O's factors) under the P V GEMM, the exponentials after its wait, so that the P packing
-    // (registers the in-flight GEMM still reads) interleaves with them. (H200, h200x2-2026-11-28-
-    // kernel7/ab-ew, ab-hy: causal 2.0%, D = 64 1.2-1.6% faster, local_window 99% 1.6% slower;
-    // h200-2026-11-29-kernel16/c-order, h-split: all 64 exponentials before the wait 3% slower at
-    // 176-key tiles, 16 before it within 1.5% either way.)
     float alpha[2] = {1.f, 1.f};
     float scaled_max[2] = {0.f, 0.f};
+    bool kept = false;  // warp-uniform
     if (work) {
       if (masked) {  // warpgroup-uniform: a full tile skips the mask
         if constexpr (kImplicitOnly) mask = e >= cr.first_masked ? 1 : 0;
         ApplyMask<kBlock>(s, p, mask, static_cast<int64_t>(blk) * kBlock, nk, rows.my_row0,
                           rows.delta, rows.t);
       }
-      softmax.StepMax(s, alpha, scaled_max, p.scale_log2);
-      if constexpr (kScaleEarly) softmax.StepScale(s, scaled_max, p.scale_log2);
+      if constexpr (!kFirst) {
+        kept = Traits::kFullTiles ||
+               (!masked && __all_sync(0xffffffffu, softmax.row_max[0] != -INFINITY &&
+                                                       softmax.row_max[1] != -INFINITY));
+      }
+      if (kept) {
+        softmax.StepScaleKept(s, p.scale_log2);
+      } else {
+        softmax.StepMax(s, alpha, scaled_max, p.scale_log2);
+        if constexpr (kScaleEarly) softmax.StepScale(s, scaled_max, p.scale_log2);
+      }
     }
     WgmmaWait<0>();
     st.At(kStampPv);
@@ -207,7 +236,19 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
     for (int i = 0; i < Traits::kHeadDim / 2; ++i) FenceReg(acc_o[i]);
     // V(e-1) read.
     MbarArriveClusterLanes<kClusterM>(bar_empty_v + 8 * c.stage, c.pending ? ln : kNone);
-    if (work) {
+    if (kept) {
+      float pr[kBlock / 2];
+      float t[2];
+      softmax.StepExpKept(s, pr, t);
+      PackP<typename Traits::Elem, kBlock>(pr, c.pa);  // interleaved with the exponentials
+      if (!softmax.KeptMaxHeld(t)) {
+        softmax.KeptMaxMissed(s, pr, t, alpha, p.scale_log2);
+        softmax.RescaleO(acc_o, alpha);
+        PackP<typename Traits::Elem, kBlock>(pr, c.pa);
+      }
+      softmax.row_sum[0] += t[0];
+      softmax.row_sum[1] += t[1];
+    } else if (work) {
       if constexpr (!kFirst && !kRescaleLast) softmax.RescaleOWhereGrown(acc_o, alpha);
       softmax.template StepExp<kScaleEarly>(s, scaled_max, p.scale_log2);
       PackP<typename Traits::Elem, kBlock>(s, c.pa);

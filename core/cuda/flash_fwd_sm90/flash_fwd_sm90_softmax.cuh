@@ -84,7 +84,7 @@ struct OnlineSoftmax {
 
   // s * scale_log2 - scaled_max in place (the exponent StepExp<true> takes).
   __device__ __forceinline__ void StepScale(float (&s)[kBlock / 2], const float (&scaled_max)[2],
-                                            float scale_log2) {
+                                            float scale_log2) const {
 #pragma unroll
     for (int i = 0; i < kBlock / 2; ++i) s[i] = fmaf(s[i], scale_log2, -scaled_max[(i >> 1) & 1]);
   }
@@ -101,6 +101,72 @@ struct OnlineSoftmax {
         s[4 * i + j] = kScaled ? Exp2(s[4 * i + j])
                                : Exp2(fmaf(s[4 * i + j], scale_log2, -scaled_max[j >> 1]));
         row_sum[j >> 1] += s[4 * i + j];
+      }
+    }
+  }
+
+  // The kept-max tile (the consumer's KeptMaxTiles): the tile's exponents taken against the
+  // running max as it stands, without the tile's row maxima, and checked afterwards. Where no
+  // probability exceeds 2^kStaleMaxLog2 this is what StepMax would have done too: it keeps a
+  // max that grew by at most that much. The check is on this thread's sum of the tile's
+  // probabilities per row, which bounds each of them (all >= 0); where the warp sees a larger sum
+  // it takes the maxima after all (KeptMaxMissed). The running max must be finite (a row with a
+  // key so far): the consumer takes StepMax for a tile without that.
+  __device__ __forceinline__ void StepScaleKept(float (&s)[kBlock / 2], float scale_log2) const {
+    const float scaled_max[2] = {row_max[0] * scale_log2, row_max[1] * scale_log2};
+    StepScale(s, scaled_max, scale_log2);
+  }
+
+  // The probabilities exp2(x) of the exponents x (StepScaleKept) into pr, x left as it is, and
+  // this thread's sum of them per row into t (a chain per row, as StepExp's).
+  __device__ __forceinline__ void StepExpKept(const float (&x)[kBlock / 2], float (&pr)[kBlock / 2],
+                                              float (&t)[2]) const {
+#pragma unroll
+    for (int i = 0; i < kBlock / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        pr[4 * i + j] = Exp2(x[4 * i + j]);
+        t[j >> 1] = i == 0 && (j & 1) == 0 ? pr[4 * i + j] : t[j >> 1] + pr[4 * i + j];
+      }
+    }
+  }
+
+  // Whether the kept max holds for the warp's rows (warp-uniform): no row's share of the tile's
+  // probabilities above 2^kStaleMaxLog2 in this thread.
+  __device__ __forceinline__ static bool KeptMaxHeld(const float (&t)[2]) {
+    static_assert(kStaleMaxLog2 == 8.f, "the limit below is 2^kStaleMaxLog2");
+    constexpr float limit = 256.f;
+    return !__any_sync(0xffffffffu, t[0] > limit || t[1] > limit);
+  }
+
+  // A row of the warp went past the kept max: the rows' maxima of the exponents x (the scores
+  // less the kept max, scaled), the running max raised where they are positive, alpha for O and
+  // the denominators (row_sum rescaled), and pr and t taken again against the raised max.
+  __device__ __forceinline__ void KeptMaxMissed(const float (&x)[kBlock / 2],
+                                                float (&pr)[kBlock / 2], float (&t)[2],
+                                                float (&alpha)[2], float scale_log2) {
+    float d[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = x[2 * h];
+#pragma unroll
+      for (int i = 0; i < kBlock / 8; ++i) {
+        mx = fmaxf(mx, fmaxf(x[4 * i + 2 * h], x[4 * i + 2 * h + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float raised = mx > 0.f ? row_max[h] + __fdividef(mx, scale_log2) : row_max[h];
+      d[h] = raised * scale_log2 - row_max[h] * scale_log2;
+      alpha[h] = Exp2(-d[h]);
+      row_max[h] = raised;
+      row_sum[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kBlock / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        pr[4 * i + j] = Exp2(x[4 * i + j] - d[j >> 1]);
+        t[j >> 1] = i == 0 && (j & 1) == 0 ? pr[4 * i + j] : t[j >> 1] + pr[4 * i + j];
       }
     }
   }
