@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import engine_table  # noqa: E402
 
-H200_RUN = "bench/results/h200-2026-11-28-kernel14/engine-table"
+H200_RUN = "bench/results/h200-2026-11-29-kernel19/d-engine-table"
 H200_FILES = ("bench_1.json", "bench_2.json", "bench_3.json")  # the built-in rows: their means
 FAILURES = []
 
