@@ -70,9 +70,10 @@ struct Case {
 };
 
 // Key rows scaled up along the sequence (1 + ramp * j / N, rounded back to the dtype), so that
-// the row maxima of later key tiles exceed the earlier ones by far more than 2^8 (scaled): the
-// kernel's tiles that keep the running max (KeptMaxTiles) then find a probability past it and
-// take the tile's maxima after all (KeptMaxMissed), many times per item.
+// the row maxima grow from key tile to key tile (with ramp 16 over 16 tiles, by several scaled
+// units each) and pass the kept max's 2^8 every few tiles: the kernel's kept-max tiles then find
+// a probability past it and take the tile's maxima after all (KeptMaxMissed), many times per
+// item. A build whose fallback leaves out the O rescale fails these cases.
 void ScaleKeysAlong(HostTensor& k, float ramp) {
   const int64_t n = k.dims()[1];
   const int64_t row = k.dims()[2] * k.dims()[3];  // heads x head_dim elements per key position

@@ -105,12 +105,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // The kept-max tile (the consumer's KeptMaxTiles): the tile's exponents taken against the
-  // running max as it stands, without the tile's row maxima, and checked afterwards. Where no
-  // probability exceeds 2^kStaleMaxLog2 this is what StepMax would have done too: it keeps a
-  // max that grew by at most that much. The check is on this thread's sum of the tile's
-  // probabilities per row, which bounds each of them (all >= 0); where the warp sees a larger sum
-  // it takes the maxima after all (KeptMaxMissed). The running max must be finite (a row with a
+  // The kept-max tile (ConsumeItemOverlapped's kept-max tiles): the tile's exponents against the
+  // running max as it stands, without the tile's row maxima, and checked afterwards. The check is
+  // on this thread's sum of the tile's probabilities per row, which bounds each of them (all
+  // >= 0): where it holds, no probability exceeds 2^kStaleMaxLog2 and this is what StepMax would
+  // have done too (it keeps a max that grew by at most that much); where the warp sees a larger
+  // sum it takes the maxima after all (KeptMaxMissed, which raises the max to the tile's). The running max must be finite (a row with a
   // key so far): the consumer takes StepMax for a tile without that.
   __device__ __forceinline__ void StepScaleKept(float (&s)[kBlock / 2], float scale_log2) const {
     const float scaled_max[2] = {row_max[0] * scale_log2, row_max[1] * scale_log2};
