@@ -81,15 +81,17 @@ constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
 // Kept-max tiles: after an item's first tile, a tile's exponents are taken against the running
 // max as it stands, without the tile's row maxima (OnlineSoftmax::StepScaleKept), and checked
 // after the exponentials by this thread's sums of the probabilities (KeptMaxHeld); only where a
-// sum passed 2^8 in the warp are the maxima taken after all (KeptMaxMissed: after the first tile
-// a max rarely grows that much). That takes the 64 FMNMX, the quad shuffles and the rescale
-// decision per tile and thread out of the loop, and the scale FFMAs start as soon as S(e)
-// landed; what a tile computes is what StepMax gives when the max grew by at most 2^8, which it
-// keeps too. H200, seven interleaved reps against the build before (bench/results/
-// h200-2026-11-29-kernel19): cycles -7% at 90% skipped, -5.5% at 99%, -7.5% dense, -6.5%
-// causal, -10% D = 64; time -5 to -12%. Not for the first tile (kFirst: no max yet), a masked
-// tile, or a warp with a row without a finite max (all its keys masked so far): those take
-// StepMax. Whether a tile keeps the max is warp-uniform (the full tiles: warpgroup-uniform).
+// sum passed 2^8 in the warp are the maxima taken after all (KeptMaxMissed; on the benchmark's
+// random inputs a max rarely grows that much after the first tile; scores whose maxima keep
+// growing along the keys take it often, slower then but not wrong). That takes the 64 FMNMX, the
+// quad shuffles and the rescale decision per tile and thread out of the loop, and the scale
+// FFMAs start as soon as S(e) landed; where the check holds a tile computes what StepMax gives
+// (which keeps a max that grew by at most 2^8). H200, seven interleaved reps against the build
+// before (bench/results/h200-2026-11-29-kernel19): cycles -7% at 90% skipped, -5.5% at 99%,
+// -7.5% dense, -6.5% causal, -10% D = 64; time -5 to -12%. Not for the first tile (kFirst: no
+// max yet), a masked tile, or a warp with a row without a finite max (all its keys masked so
+// far): those take StepMax. Whether a tile keeps the max is warp-uniform (the full tiles:
+// warpgroup-uniform).
 //
 // on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
 // persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
