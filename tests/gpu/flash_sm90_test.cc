@@ -4,7 +4,8 @@
 //   causal, window (causal and not), block-sparse random / local_window / caller CSR (empty rows),
 //   dilated (the accumulate epilogue), ragged N, GQA, several batches, bf16 and f16, head dims
 //   64/128, blocks 64/128, CSRs of kFull blocks and dense over whole key blocks (the mask-free
-//   variant), keys scaled up along the sequence (the kept-max tiles' fallback);
+//   variant), keys scaled up along the sequence and spiked keys (the kept-max tiles' fallback,
+//   an item's first tile's included);
 //   every run checks which kernel ran (the plan reports it);
 // - params level (RunAttentionForward on BuildFlashFwdParams) vs a float64 loop, in
 //   flash_sm90_piece_test.cc: rectangular CSR pieces with seqlen_k != seqlen and global position
@@ -67,6 +68,8 @@ struct Case {
   bool all_full = false;
   // > 0: key row j (of N) scaled by 1 + key_ramp * j / N (ScaleKeysAlong).
   float key_ramp = 0.f;
+  // > 0: key rows j with j % 128 == 16 scaled by key_spike (SpikeKeys).
+  float key_spike = 0.f;
 };
 
 // Key rows scaled up along the sequence (1 + ramp * j / N, rounded back to the dtype), so that
@@ -83,6 +86,25 @@ void ScaleKeysAlong(HostTensor& k, float ramp) {
     for (int64_t j = 0; j < n; ++j) {
       const float scale = 1.f + ramp * static_cast<float>(j) / static_cast<float>(n);
       for (int64_t i = 0; i < row; ++i) f[static_cast<size_t>((b * n + j) * row + i)] *= scale;
+    }
+  }
+  ConvertFromFloat32(k.dtype(), f.data(), k.data(), f.size());
+}
+
+// Key row 16 of every 128-key block scaled by `factor` (rounded back to the dtype): with factor
+// 40 its scores are tens of scaled units from the others, so where it is positive it is the
+// row's max, and it lies outside the quarter of the columns whose maxima an item's first tile
+// starts from (OnlineSoftmax::EstimateFirstMax: key groups 0, 4, 8, 12 of 8 keys): that tile's
+// kept max misses and takes the tile's maxima after all, in most items, while O still holds the
+// previous item's output. A build that rescales O there fails these cases.
+void SpikeKeys(HostTensor& k, float factor) {
+  const int64_t n = k.dims()[1];
+  const int64_t row = k.dims()[2] * k.dims()[3];
+  std::vector<float> f(static_cast<size_t>(k.numel()));
+  ConvertToFloat32(k.dtype(), k.data(), f.data(), f.size());
+  for (int64_t b = 0; b < k.dims()[0]; ++b) {
+    for (int64_t j = 16; j < n; j += 128) {
+      for (int64_t i = 0; i < row; ++i) f[static_cast<size_t>((b * n + j) * row + i)] *= factor;
     }
   }
   ConvertFromFloat32(k.dtype(), f.data(), k.data(), f.size());
@@ -176,6 +198,20 @@ std::vector<Case> SpecCases() {
   }
   add("dense_ramp", DenseSpec{}, false, {1, 2048, 4, 2, 64}, DType::kF16);
   cases.back().key_ramp = 16.f;
+  // A key far above the others in every key block, outside the columns an item's first tile
+  // estimates its max from (SpikeKeys): the CSR of kFull blocks (mask-free variant, D = 128 and
+  // 64) and a CSR with masks (causal), whose unmasked first tiles take the same path.
+  add("bs128_random_full_spike", BlockSparseSpec{128, RandomGen{0.3, 57}}, false,
+      {1, 2048, 4, 2, 128}, DType::kBF16);
+  cases.back().all_full = true;
+  cases.back().key_spike = 40.f;
+  add("bs128_random_full_spike", BlockSparseSpec{128, RandomGen{0.3, 58}}, false,
+      {1, 2048, 4, 2, 64}, DType::kF16);
+  cases.back().all_full = true;
+  cases.back().key_spike = 40.f;
+  add("bs128_random_spike", BlockSparseSpec{128, RandomGen{0.3, 59}}, true, {1, 2000, 4, 2, 128},
+      DType::kBF16);
+  cases.back().key_spike = 40.f;
   // Long ragged row (4097 = 32 blocks + 1 token), cheap heads for the float64 reference.
   add("dense_long", DenseSpec{}, true, {1, 4097, 2, 1, 64}, DType::kBF16);
   add("bs128_random_long", BlockSparseSpec{128, RandomGen{0.2, 5}}, false, {1, 4097, 2, 2, 128},
@@ -200,6 +236,7 @@ TEST_P(FlashSm90SpecTest, MatchesReference) {
   SCOPED_TRACE(absl::StrCat(c.name, " ", ShapeString(c.shape, c.dtype), " seed=", seed));
   auto in = MakeRandomInputs(c.shape, c.dtype, seed);
   if (c.key_ramp > 0.f) ScaleKeysAlong(in.k, c.key_ramp);
+  if (c.key_spike > 0.f) SpikeKeys(in.k, c.key_spike);
   auto ref = ReferenceAttention(c.spec, in.q, in.k, in.v);
   ASSERT_TRUE(ref.ok()) << ref.status();
   // The persistent schedule runs once per work-item order: head-major and position-major,

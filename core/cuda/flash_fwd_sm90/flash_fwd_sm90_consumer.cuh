@@ -54,6 +54,14 @@ constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
   return key_tile == 128 && head_dim == 128;
 }
 
+// An item's first tile as a kept-max tile too, against the maxima of a quarter of its scores
+// (OnlineSoftmax::EstimateFirstMax) instead of all of them: the CSR variants at 128-key tiles,
+// whose items are short where it matters (99% of block pairs skipped: ~5 tiles per item).
+template <typename Traits>
+constexpr bool FirstTileKept() {
+  return !Traits::kImplicitOnly && Traits::kBlock == 128;
+}
+
 // The item's tiles with the softmax of tile e overlapped with the P V GEMM of tile e - 1 inside
 // the warpgroup. Per tile: S(e) and P(e-1) V(e-1) are issued back to back inside the ping-pong
 // window (IssueScoresAndPV); S(e) is waited for first (the older group), K(e) goes back to the
@@ -88,10 +96,15 @@ constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
 // FFMAs start as soon as S(e) landed; where the check holds a tile computes what StepMax gives
 // (which keeps a max that grew by at most 2^8). H200, seven interleaved reps against the build
 // before (bench/results/h200-2026-11-29-kernel19): cycles -7% at 90% skipped, -5.5% at 99%,
-// -7.5% dense, -6.5% causal, -10% D = 64; time -5 to -12%. Not for the first tile (kFirst: no
-// max yet), a masked tile, or a warp with a row without a finite max (all its keys masked so
-// far): those take StepMax. Whether a tile keeps the max is warp-uniform (the full tiles:
-// warpgroup-uniform).
+// -7.5% dense, -6.5% causal, -10% D = 64; time -5 to -12%. Not for a masked tile or a warp with
+// a row without a finite max (all its keys masked so far): those take StepMax. An item's first
+// tile (kFirst: no max yet) takes StepMax too, except in the FirstTileKept variants, where the
+// maxima of a quarter of its scores stand in for the running max (EstimateFirstMax: at most the
+// tile's max, so that only the 2^8 side can miss; the fallback there leaves O alone, which still
+// holds the previous item's output). H200, nine interleaved reps against the build before
+// (bench/results/h200-2026-11-29-kernel20): 99% skipped 0.8% (random) and 1.3% (local_window)
+// fewer cycles, 0.6-0.7% less time; 90%, dense and D = 64 level. Whether a tile keeps the max is
+// warp-uniform (the full tiles: warpgroup-uniform).
 //
 // on_scores(arrive_lane) runs after every S wait with the lane that should arrive (the
 // persistent kernel's q_empty release on the item's last tile, lane 1 = no arrive otherwise: a
@@ -115,6 +128,15 @@ constexpr bool ScaleBeforePvWait(int key_tile, int head_dim) {
 // GEMM issue: 2.1% / 0.8% more cycles at D = 64 / 128, h200x2-2026-11-28-kernel8/cycles). The
 // lane is re-read per tile at three consumer warpgroups (kept, at 160 registers, ptxas spilled
 // it), kept with two (the read's latency sat right after the S wait, kernel10/a).
+//
+// Bounds: the per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
+// kBlock), set up once per item instead of 64-bit position compares per tile:
+//   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
+//   k0 + kBlock <= nk (not ragged)   <=> blk < blk_full
+//   causal tile with no admissible key (k0 > last query row + delta) <=> blk > causal_last
+// Implicit-only variants: tile e (= key block e) has work iff e < work_end (before the key end,
+// and e < first_masked or e <= causal_last), and is masked iff e >= mask_from (a causal diagonal
+// tile or the ragged last one).
 template <typename Traits, typename OnScores, typename FinishPrev>
 __device__ __forceinline__ void ConsumeItemOverlapped(
     const FlashFwdParams& p, const WarpSpecializedSmem& sm, uint32_t bar_full_v,
@@ -134,11 +156,7 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   constexpr bool kVWaitInWindow = Traits::kBlock == 128 && Traits::kConsumerWarpgroups >= 2;
   constexpr bool kRescaleLast = RescaleOLast(Traits::kBlock);
   constexpr bool kScaleEarly = ScaleBeforePvWait(Traits::kBlock, Traits::kHeadDim);
-  // The per-tile tests in 32-bit key-block numbers (blk = key block of the tile, k0 = blk *
-  // kBlock), set up once per item instead of 64-bit position compares per tile:
-  //   k0 < nk                          <=> blk < blk_end (0 for a warpgroup past the query end)
-  //   k0 + kBlock <= nk (not ragged)   <=> blk < blk_full
-  //   causal tile with no admissible key (k0 > last query row + delta) <=> blk > causal_last
+  // Per-item bounds (header: bounds).
   const int64_t blocks_k = (nk + kBlock - 1) / kBlock;
   int blk_end = cr.active ? static_cast<int>(min(blocks_k, int64_t{INT_MAX})) : 0;
   int blk_full = static_cast<int>(min(nk / kBlock, int64_t{INT_MAX}));
@@ -146,9 +164,6 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
   int causal_last = last_row < 0 ? -1 : static_cast<int>(min(last_row / kBlock, int64_t{INT_MAX}));
   // Pinned (an empty asm "changes" them): kept, not recomputed from 64-bit positions per tile.
   asm volatile("" : "+r"(blk_end), "+r"(blk_full), "+r"(causal_last));
-  // Implicit-only variants: tile e (= key block e) has work iff e < work_end (before the key
-  // end, and e < first_masked or e <= causal_last), and is masked iff e >= mask_from (a causal
-  // diagonal tile or the ragged last one).
   int work_end = 0;
   int mask_from = 0;
   if constexpr (kImplicitOnly) {
@@ -224,6 +239,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
         kept = Traits::kFullTiles ||
                (!masked && __all_sync(0xffffffffu, softmax.row_max[0] != -INFINITY &&
                                                        softmax.row_max[1] != -INFINITY));
+      } else if constexpr (FirstTileKept<Traits>()) {
+        if (!masked) kept = softmax.EstimateFirstMax(s);
       }
       if (kept) {
         softmax.StepScaleKept(s, p.scale_log2);
@@ -245,7 +262,8 @@ __device__ __forceinline__ void ConsumeItemOverlapped(
       PackP<typename Traits::Elem, kBlock>(pr, c.pa);  // interleaved with the exponentials
       if (!softmax.KeptMaxHeld(t)) {
         softmax.KeptMaxMissed(s, pr, t, alpha, p.scale_log2);
-        softmax.RescaleO(acc_o, alpha);
+        // Tile 0: O is still the previous item's, and this item's has nothing to rescale.
+        if constexpr (!kFirst) softmax.RescaleO(acc_o, alpha);
         PackP<typename Traits::Elem, kBlock>(pr, c.pa);
       }
       softmax.row_sum[0] += t[0];

@@ -117,6 +117,35 @@ struct OnlineSoftmax {
     StepScale(s, scaled_max, scale_log2);
   }
 
+  // An item's first tile as a kept-max tile: the running max (none yet) set to the row maxima of
+  // a subset of the tile's scores (the columns of every fourth 8-key group: a quarter of them),
+  // which is at most the tile's max, so that only the overflow side can miss and KeptMaxHeld /
+  // KeptMaxMissed settle it as for the later tiles. False (row_max left alone: the caller takes
+  // StepMax) where a row of the warp gets no finite estimate (-inf or NaN scores).
+  __device__ __forceinline__ bool EstimateFirstMax(const float (&s)[kBlock / 2]) {
+    static_assert(kBlock % 32 == 0, "every fourth 8-key group");
+    float est[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m2[2] = {s[2 * h], s[2 * h + 1]};
+#pragma unroll
+      for (int i = 4; i < kBlock / 8; i += 4) {
+        m2[0] = fmaxf(m2[0], s[4 * i + 2 * h]);
+        m2[1] = fmaxf(m2[1], s[4 * i + 2 * h + 1]);
+      }
+      float mx = fmaxf(m2[0], m2[1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      est[h] = mx;
+    }
+    const bool finite = __all_sync(0xffffffffu, fabsf(est[0]) < INFINITY && fabsf(est[1]) < INFINITY);
+    if (finite) {
+      row_max[0] = est[0];
+      row_max[1] = est[1];
+    }
+    return finite;
+  }
+
   // The probabilities exp2(x) of the exponents x (StepScaleKept) into pr, x left as it is, and
   // this thread's sum of them per row into t (a chain per row, as StepExp's).
   __device__ __forceinline__ void StepExpKept(const float (&x)[kBlock / 2], float (&pr)[kBlock / 2],
