@@ -110,8 +110,9 @@ struct OnlineSoftmax {
   // on this thread's sum of the tile's probabilities per row, which bounds each of them (all
   // >= 0): where it holds, no probability exceeds 2^kStaleMaxLog2 and this is what StepMax would
   // have done too (it keeps a max that grew by at most that much); where the warp sees a larger
-  // sum it takes the maxima after all (KeptMaxMissed, which raises the max to the tile's). The running max must be finite (a row with a
-  // key so far): the consumer takes StepMax for a tile without that.
+  // sum it takes the maxima after all (KeptMaxMissed, which raises the max to the tile's). The
+  // running max must be finite (a row with a key so far, or EstimateFirstMax's estimate): the
+  // consumer takes StepMax for a tile without that.
   __device__ __forceinline__ void StepScaleKept(float (&s)[kBlock / 2], float scale_log2) const {
     const float scaled_max[2] = {row_max[0] * scale_log2, row_max[1] * scale_log2};
     StepScale(s, scaled_max, scale_log2);
@@ -138,7 +139,8 @@ struct OnlineSoftmax {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       est[h] = mx;
     }
-    const bool finite = __all_sync(0xffffffffu, fabsf(est[0]) < INFINITY && fabsf(est[1]) < INFINITY);
+    const bool finite =
+        __all_sync(0xffffffffu, fabsf(est[0]) < INFINITY && fabsf(est[1]) < INFINITY);
     if (finite) {
       row_max[0] = est[0];
       row_max[1] = est[1];
