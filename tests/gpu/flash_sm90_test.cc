@@ -72,43 +72,44 @@ struct Case {
   float key_spike = 0.f;
 };
 
-// Key rows scaled up along the sequence (1 + ramp * j / N, rounded back to the dtype), so that
-// the row maxima grow from key tile to key tile (with ramp 16 over 16 tiles, by several scaled
-// units each) and pass the kept max's 2^8 every few tiles: the kernel's kept-max tiles then find
-// a probability past it and take the tile's maxima after all (KeptMaxMissed), many times per
-// item. A build whose fallback leaves out the O rescale fails these cases.
-void ScaleKeysAlong(HostTensor& k, float ramp) {
+// Key row j of every batch scaled by scale_of(j, N) (1 leaves it alone), rounded back to the
+// dtype.
+template <typename ScaleOf>
+void ScaleKeyRows(HostTensor& k, ScaleOf scale_of) {
   const int64_t n = k.dims()[1];
   const int64_t row = k.dims()[2] * k.dims()[3];  // heads x head_dim elements per key position
   std::vector<float> f(static_cast<size_t>(k.numel()));
   ConvertToFloat32(k.dtype(), k.data(), f.data(), f.size());
   for (int64_t b = 0; b < k.dims()[0]; ++b) {
     for (int64_t j = 0; j < n; ++j) {
-      const float scale = 1.f + ramp * static_cast<float>(j) / static_cast<float>(n);
+      const float scale = scale_of(j, n);
+      if (scale == 1.f) continue;
       for (int64_t i = 0; i < row; ++i) f[static_cast<size_t>((b * n + j) * row + i)] *= scale;
     }
   }
   ConvertFromFloat32(k.dtype(), f.data(), k.data(), f.size());
 }
 
-// Key row 16 of every 128-key block scaled by `factor` (rounded back to the dtype): with factor
-// 40 its scores spread ~20 scaled (log2) units either way where the others spread ~0.5, so in
-// about a third of the rows it beats every other key by more than 2^8, and it lies outside the
-// quarter of the columns whose maxima an item's first tile starts from (OnlineSoftmax::
-// EstimateFirstMax: key groups 0, 4, 8, 12 of 8 keys): that tile's kept max misses in nearly
-// every warp and takes the tile's maxima after all, while O still holds the previous item's
-// output. A build that rescales O there fails these cases.
+// Key rows scaled up along the sequence (1 + ramp * j / N), so that the row maxima grow from key
+// tile to key tile (with ramp 16 over 16 tiles, by several scaled units each) and pass the kept
+// max's 2^8 every few tiles: the kernel's kept-max tiles then find a probability past it and take
+// the tile's maxima after all (KeptMaxMissed), many times per item. A build whose fallback
+// leaves out the O rescale fails these cases.
+void ScaleKeysAlong(HostTensor& k, float ramp) {
+  ScaleKeyRows(k, [ramp](int64_t j, int64_t n) {
+    return 1.f + ramp * static_cast<float>(j) / static_cast<float>(n);
+  });
+}
+
+// Key row 16 of every 128-key block scaled by `factor`: with factor 40 its scores spread ~20
+// scaled (log2) units either way where the others spread ~0.5, so in about a third of the rows
+// it beats every other key by more than 2^8, and it lies outside the quarter of the columns
+// whose maxima an item's first tile starts from (OnlineSoftmax::EstimateFirstMax: key groups 0,
+// 4, 8, 12 of 8 keys): that tile's kept max misses in nearly every warp and takes the tile's
+// maxima after all, while O still holds the previous item's output. A build that rescales O
+// there fails these cases.
 void SpikeKeys(HostTensor& k, float factor) {
-  const int64_t n = k.dims()[1];
-  const int64_t row = k.dims()[2] * k.dims()[3];
-  std::vector<float> f(static_cast<size_t>(k.numel()));
-  ConvertToFloat32(k.dtype(), k.data(), f.data(), f.size());
-  for (int64_t b = 0; b < k.dims()[0]; ++b) {
-    for (int64_t j = 16; j < n; j += 128) {
-      for (int64_t i = 0; i < row; ++i) f[static_cast<size_t>((b * n + j) * row + i)] *= factor;
-    }
-  }
-  ConvertFromFloat32(k.dtype(), f.data(), k.data(), f.size());
+  ScaleKeyRows(k, [factor](int64_t j, int64_t) { return j % 128 == 16 ? factor : 1.f; });
 }
 
 // Row i keeps block 0, block i - 2 and block i; every fifth row keeps nothing (O = 0, LSE = -inf).
